@@ -1,0 +1,29 @@
+# The two commands a new user needs: `make run` and `make test`.
+# Both create the virtualenv and install what they need on first use.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: run test bench check clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m llmconn.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) bench/bench.py $(BENCH_ARGS)
+
+check: $(STAMP)
+	$(PY) -m llmconn check etc/llm.yaml
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,260 @@
+"""Load and validate llm.yaml into frozen pydantic models.
+
+Validation happens once, here: nothing deeper in the code reads raw config
+dicts. Any problem becomes one :class:`ConfigError` naming the file, the
+connection and the field. Secrets are expanded from the environment
+(``${VAR}``, ``${VAR:-default}``, Zato's ``Zato_Enmasse_Env.VAR``) and kept
+as ``SecretStr`` so they never show in a repr.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from llmconn.errors import ConfigError
+
+# Zato's defaults, so a Zato author finds the same behaviour here.
+DEFAULT_POOL_SIZE = 50
+DEFAULT_TIMEOUT = 60
+DEFAULT_MAX_TOKENS = 1024
+DEFAULT_MAX_HISTORY_TURNS = 20
+DEFAULT_CHAT_EXPIRY = 86400
+
+# Our additions.
+DEFAULT_MAX_RETRIES = 2
+DEFAULT_LOCK_WAIT = 10.0        # as Zato's `block`: how long a chat call waits for the lock
+DEFAULT_LOCK_TTL = 30.0         # the most a dead lock holder can block a chat
+DEFAULT_MAX_STORED_TURNS = 1000
+DEFAULT_REDIS_URL = 'memory://'
+
+_env_pattern = re.compile(r'\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}')
+_zato_env_pattern = re.compile(r'^Zato_Enmasse_Env\.([A-Za-z_][A-Za-z0-9_]*)$')
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra='forbid', frozen=True)
+
+
+class ThinkingConfig(_Frozen):
+    """Claude extended thinking, in Anthropic's own shape."""
+
+    type: Literal['enabled', 'adaptive', 'disabled']
+    budget_tokens: int | None = None
+
+    @model_validator(mode='after')
+    def _budget(self) -> 'ThinkingConfig':
+        if self.type == 'enabled' and (self.budget_tokens is None or self.budget_tokens < 1024):
+            raise ValueError('thinking type "enabled" needs budget_tokens of at least 1024')
+        if self.type != 'enabled' and self.budget_tokens is not None:
+            raise ValueError(f'budget_tokens only goes with thinking type "enabled", not "{self.type}"')
+        return self
+
+    def wire(self) -> dict:
+        return self.model_dump(exclude_none=True)
+
+
+class ConnectionConfig(_Frozen):
+    """One entry of the ``llm`` list."""
+
+    name: str = Field(min_length=1)
+    is_active: bool = True
+    provider: str = ''
+    model: str = Field(min_length=1)
+    address: str = ''
+    secret: SecretStr | None = None
+    pool_size: int = Field(DEFAULT_POOL_SIZE, ge=1)
+    timeout: float = Field(DEFAULT_TIMEOUT, gt=0)
+    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
+    max_history_turns: int = Field(DEFAULT_MAX_HISTORY_TURNS, ge=1)
+    chat_expiry: int = Field(DEFAULT_CHAT_EXPIRY, ge=1)
+    max_retries: int = Field(DEFAULT_MAX_RETRIES, ge=0, le=10)
+    lock_wait: float = Field(DEFAULT_LOCK_WAIT, ge=0)
+    lock_ttl: float = Field(DEFAULT_LOCK_TTL, gt=0)
+    max_stored_turns: int = Field(DEFAULT_MAX_STORED_TURNS, ge=1)
+    thinking: ThinkingConfig | None = None
+    state: Literal['local', 'provider'] = 'local'
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode='before')
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        # Zato accepts api_key and password as names for the secret.
+        if isinstance(data, dict):
+            given = [k for k in ('secret', 'api_key', 'password') if k in data]
+            if len(given) > 1:
+                raise ValueError(f'give the secret once, not as {" and ".join(given)}')
+            if given and given[0] != 'secret':
+                data = dict(data)
+                data['secret'] = data.pop(given[0])
+        return data
+
+    @field_validator('address')
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if value and not value.startswith(('http://', 'https://')):
+            raise ValueError(f'address must start with http:// or https://, got {value!r}')
+        return value.rstrip('/')
+
+    @model_validator(mode='after')
+    def _consistent(self) -> 'ConnectionConfig':
+        if self.max_stored_turns < self.max_history_turns:
+            raise ValueError('max_stored_turns must be at least max_history_turns')
+        if self.thinking and self.thinking.budget_tokens and self.thinking.budget_tokens >= self.max_tokens:
+            raise ValueError(f'thinking.budget_tokens ({self.thinking.budget_tokens}) must be below '
+                             f'max_tokens ({self.max_tokens})')
+        return self
+
+    @property
+    def secret_value(self) -> str:
+        return self.secret.get_secret_value() if self.secret else ''
+
+
+class RedisConfig(_Frozen):
+    url: str = DEFAULT_REDIS_URL
+
+
+class ServerConfig(_Frozen):
+    """Settings of ``llmconn serve``; ``api_keys`` empty means no key is required."""
+
+    api_keys: tuple[SecretStr, ...] = ()
+
+
+class Config(_Frozen):
+    """A whole llm.yaml file."""
+
+    redis: RedisConfig = RedisConfig()
+    skills_dir: str = 'skills'
+    server: ServerConfig = ServerConfig()
+    llm: tuple[ConnectionConfig, ...] = ()
+    # Where the file lives; relative paths (skills_dir) resolve against it.
+    base_dir: Path = Path('.')
+    source: str = '<dict>'
+
+    @property
+    def skills_path(self) -> Path:
+        return (self.base_dir / self.skills_dir).resolve()
+
+
+def expand_env(value: Any, where: str, environ: Mapping[str, str]) -> Any:
+    """Expand environment references in every string of a loaded YAML tree."""
+    if isinstance(value, dict):
+        return {k: expand_env(v, f'{where}.{k}' if where else str(k), environ) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_env(v, f'{where}[{i}]', environ) for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+    zato = _zato_env_pattern.match(value)
+    if zato:
+        value = '${' + zato.group(1) + '}'
+
+    def substitute(match: re.Match) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in environ:
+            return environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f'environment variable {name} is not set ({where}); export it or write '
+                          f'${{{name}:-default}} to give a default')
+
+    return _env_pattern.sub(substitute, value)
+
+
+def infer_provider(model: str) -> str:
+    """Zato's rule when ``provider`` is absent: by model-name prefix."""
+    if model.startswith('claude'):
+        return 'claude'
+    if model.startswith('gemini'):
+        return 'gemini'
+    return 'openai'
+
+
+def load_file(path: str | os.PathLike, environ: Mapping[str, str] | None = None) -> Config:
+    """Read and validate one llm.yaml file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding='utf-8')
+    except OSError as e:
+        raise ConfigError(f'{path}: cannot read the configuration file ({e.strerror})') from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f'{path}: not valid YAML: {e}') from None
+    return load_dict(data, base_dir=path.parent, source=str(path), environ=environ)
+
+
+def load_dict(data: Any, base_dir: str | os.PathLike = '.', source: str = '<dict>',
+              environ: Mapping[str, str] | None = None) -> Config:
+    """Validate an already-parsed configuration; ``source`` names it in errors."""
+    environ = os.environ if environ is None else environ
+    if not isinstance(data, dict):
+        raise ConfigError(f'{source}: the top level must be a mapping with keys redis, skills_dir, llm')
+    unknown = set(data) - {'redis', 'skills_dir', 'server', 'llm'}
+    if unknown:
+        raise ConfigError(f'{source}: unknown top-level key(s) {", ".join(sorted(map(str, unknown)))}; '
+                          f'valid keys are redis, skills_dir, server, llm')
+    raw_conns = data.get('llm') or []
+    if not isinstance(raw_conns, list):
+        raise ConfigError(f'{source}: "llm" must be a list of connections')
+    conns = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_conns):
+        conn = _load_connection(raw, index, source, environ)
+        if conn.name in seen:
+            raise ConfigError(f'{source}: connection "{conn.name}": the name is used twice; names must be unique')
+        seen.add(conn.name)
+        conns.append(conn)
+    top = {k: v for k, v in data.items() if k != 'llm'}
+    try:
+        top = expand_env(top, '', environ)
+        return Config(llm=tuple(conns), base_dir=Path(base_dir), source=source, **top)
+    except ConfigError as e:
+        raise ConfigError(f'{source}: {e}') from None
+    except ValidationError as e:
+        raise ConfigError(f'{source}: {_describe(e)}') from None
+
+
+def _load_connection(raw: Any, index: int, source: str, environ: Mapping[str, str]) -> ConnectionConfig:
+    from llmconn.providers import PROVIDERS  # the provider registry imports this module's types
+
+    if not isinstance(raw, dict):
+        raise ConfigError(f'{source}: llm[{index}] must be a mapping with at least name and model')
+    label = f'connection "{raw["name"]}"' if raw.get('name') else f'llm[{index}]'
+    try:
+        expanded = expand_env(raw, '', environ)
+    except ConfigError as e:
+        raise ConfigError(f'{source}: {label}: {e}') from None
+    try:
+        conn = ConnectionConfig(**expanded)
+    except ValidationError as e:
+        raise ConfigError(f'{source}: {label}: {_describe(e)}') from None
+    provider = conn.provider or infer_provider(conn.model)
+    if provider not in PROVIDERS:
+        raise ConfigError(f'{source}: {label}: field "provider": unknown provider {provider!r}; '
+                          f'valid providers are {", ".join(sorted(PROVIDERS))}')
+    try:
+        PROVIDERS[provider].check_config(conn)
+    except ValueError as e:
+        raise ConfigError(f'{source}: {label}: {e}') from None
+    return conn.model_copy(update={'provider': provider,
+                                   'address': conn.address or PROVIDERS[provider].default_address})
+
+
+def _describe(error: ValidationError) -> str:
+    """One line per problem: the field's dotted path and what is wrong with it."""
+    parts = []
+    for item in error.errors():
+        loc = '.'.join(str(p) for p in item['loc'])
+        message = item['msg']
+        if item['type'] == 'extra_forbidden':
+            message = 'unknown key (check its spelling)'
+        elif item['type'] == 'missing':
+            message = 'required key is missing'
+        message = message.removeprefix('Value error, ')
+        parts.append(f'field "{loc}": {message}' if loc else message)
+    return '; '.join(parts)

@@ -1,0 +1,74 @@
+"""Every exception llmconn raises, in one shallow tree.
+
+Third-party exceptions (``requests``, ``redis``) are translated into these at
+exactly one boundary each: :mod:`llmconn.transport` and :mod:`llmconn.store`.
+Messages say what to do next. None of them ever carries a secret.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LLMConnError(Exception):
+    """Base of every llmconn error."""
+
+
+class ConfigError(LLMConnError):
+    """The configuration is invalid; the message names the file, connection and field."""
+
+
+class InvalidInput(LLMConnError, ValueError):
+    """A call's arguments are invalid; raised before any network call."""
+
+
+class UnknownConnection(LLMConnError, KeyError):
+    """No connection of that name is configured; the message lists the known ones."""
+
+    def __str__(self) -> str:
+        # KeyError.__str__ would repr() the message and wrap it in quotes.
+        return str(self.args[0]) if self.args else ''
+
+
+class InactiveConnection(LLMConnError):
+    """The connection is configured with ``is_active: false`` and refuses calls."""
+
+
+class LLMError(LLMConnError):
+    """The provider failed or answered with an error.
+
+    ``status`` is the HTTP status (None when no response arrived),
+    ``provider_body`` the provider's body verbatim (parsed JSON when it was
+    JSON, else the text), ``connection`` the connection's name.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, provider_body: Any = None,
+                 connection: str = '') -> None:
+        super().__init__(message)
+        self.status = status
+        self.provider_body = provider_body
+        self.connection = connection
+
+
+class LLMTimeout(LLMError):
+    """The provider did not answer within the connection's ``timeout``."""
+
+
+class LLMRateLimited(LLMError):
+    """The provider kept answering 429 (or 529) after every retry."""
+
+
+class LLMAuthError(LLMError):
+    """The provider refused the credentials (401 or 403)."""
+
+
+class ChatBusy(LLMConnError):
+    """Another call held the chat's lock for longer than ``lock_wait``."""
+
+
+class StoreError(LLMConnError):
+    """The chat store (Redis) failed; nothing was sent to the provider."""
+
+
+class LockLost(StoreError):
+    """The chat's lock expired during the call, so its turn was not saved."""

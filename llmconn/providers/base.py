@@ -1,0 +1,109 @@
+"""What every provider module implements: a pure mapping, no I/O.
+
+A provider turns a :class:`~llmconn.types.Request` into a URL, headers and a
+JSON body, and turns the provider's JSON (or its server-sent events) back
+into a :class:`~llmconn.types.Reply` (or :class:`~llmconn.types.Event`
+objects). The transport does the HTTP; the connection does history and
+locking. Keeping the mapping pure means most tests need no network.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
+
+from llmconn.errors import LLMError
+from llmconn.types import Event, Reply, Request, Turn
+
+if TYPE_CHECKING:
+    from llmconn.config import ConnectionConfig
+
+# Capability names; a connection asked for one its provider lacks fails loudly.
+STREAM = 'stream'
+SYSTEM = 'system'
+THINKING = 'thinking'
+REASONING_REPLAY = 'reasoning_replay'
+STATEFUL = 'stateful'
+
+
+class SSE(tuple):
+    """One server-sent event as ``(event, data)``; ``event`` is '' when the stream names none."""
+
+    __slots__ = ()
+
+    @property
+    def event(self) -> str:
+        return self[0]
+
+    @property
+    def data(self) -> str:
+        return self[1]
+
+
+class Provider:
+    """Base of the provider mappings; one subclass per wire format."""
+
+    name: ClassVar[str] = ''
+    default_address: ClassVar[str] = ''
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, conf: 'ConnectionConfig') -> None:
+        self.conf = conf
+
+    @classmethod
+    def check_config(cls, conf: 'ConnectionConfig') -> None:
+        """Refuse, at load, settings this provider cannot honour (raise ValueError)."""
+        if conf.thinking is not None and THINKING not in cls.capabilities:
+            raise ValueError(f'field "thinking": provider {cls.name} does not support thinking; '
+                             f'remove the key or use a provider that does (claude)')
+        if conf.state != 'local' and STATEFUL not in cls.capabilities:
+            raise ValueError(f'field "state": provider {cls.name} is stateless, only "local" is valid')
+
+    @property
+    def tag(self) -> str:
+        """Which provider, model and mode produced a turn's opaque items."""
+        return f'{self.name}/{self.conf.model}/{self.mode}'
+
+    @property
+    def mode(self) -> str:
+        return ''
+
+    def replays_items(self, turn: Turn) -> bool:
+        """Opaque items go back only to the exact provider, model and mode that made them."""
+        return bool(turn.items) and turn.tag == self.tag
+
+    def url(self, stream: bool = False) -> str:
+        raise NotImplementedError
+
+    def ping_url(self) -> str:
+        """A cheap GET that proves the provider answers and accepts our credentials."""
+        raise NotImplementedError
+
+    def headers(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def build_request(self, request: Request) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def parse_response(self, body: Any) -> Reply:
+        raise NotImplementedError
+
+    def parse_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
+        """Yield ``thinking`` / ``text`` deltas, then one ``done`` whose ``reply`` is set.
+
+        A stream that ends without its terminal event, or that carries an
+        error event, raises :class:`LLMError`.
+        """
+        raise NotImplementedError
+
+    def error(self, message: str, body: Any = None, status: int | None = None) -> LLMError:
+        return LLMError(message, status=status, provider_body=body, connection=self.conf.name)
+
+    def body_params(self, request: Request) -> dict[str, Any]:
+        """Connection ``params`` overlaid by per-call params: merged into the body last."""
+        merged = dict(self.conf.params)
+        merged.update(request.params)
+        return merged
+
+    @staticmethod
+    def done(reply: Reply) -> Event:
+        return Event('done', result=reply.as_result(), reply=reply)

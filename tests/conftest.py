@@ -1,0 +1,99 @@
+"""Shared fixtures: a real Redis (the machine's, or a throwaway one) and throwaway servers.
+
+Tests that are about locks, expiry or concurrency use a real Redis. The
+session's Redis is 127.0.0.1:6379 when it answers (CI starts it), else a
+``redis-server`` started here on a free port; ``LLMCONN_TEST_REDIS_URL``
+overrides both. Every test gets unique connection names, so tests never
+see each other's keys.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+
+import pytest
+import redis
+
+DEFAULT_REDIS_URL = 'redis://127.0.0.1:6379/0'
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A throwaway redis-server on a free port, for tests that kill or restart Redis."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f'redis://127.0.0.1:{self.port}/0'
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> 'RedisServer':
+        exe = shutil.which('redis-server')
+        if not exe:
+            pytest.skip('redis-server is not installed')
+        self.process = subprocess.Popen(
+            [exe, '--port', str(self.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        for _ in range(100):
+            try:
+                client.ping()
+                return self
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError(f'redis-server did not start on port {self.port}')
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return redis.Redis.from_url(url, socket_connect_timeout=0.5).ping()
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture(scope='session')
+def redis_url():
+    url = os.environ.get('LLMCONN_TEST_REDIS_URL', DEFAULT_REDIS_URL)
+    if _answers(url):
+        yield url
+        return
+    server = RedisServer().start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def redis_server():
+    """A throwaway Redis this test may kill and restart."""
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def unique():
+    """A fresh name, so a test's keys never meet another test's."""
+    return f't-{uuid.uuid4().hex[:12]}'
