@@ -1,0 +1,221 @@
+"""One configured LLM connection: ``invoke``, ``chat``, ``stream``, ``ping`` and history.
+
+All three call styles run one pipeline, :meth:`Connection._events`, which
+yields normalized events; ``invoke`` and ``chat`` simply drain it. With a
+chat id the pipeline is::
+
+    begin  (1 Redis round trip: take the chat's lock, read the window)
+    call   (the provider; the lock is renewed in the background meanwhile)
+    save   (1 Redis round trip: append the turn, trim, expire, release)
+
+Everything that can be checked is checked before ``begin``, so bad input
+never costs a network call, and a store outage is found before any token
+is spent. A turn is saved only after the provider's answer is complete,
+and before ``done`` is handed out; a failure, a broken stream or a caller
+that stops iterating early saves nothing and frees the lock at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time as mod_time
+from typing import Any, Iterator
+
+from llmconn.config import ConnectionConfig
+from llmconn.errors import InactiveConnection, InvalidInput, LLMError
+from llmconn.providers import PROVIDERS
+from llmconn.providers.base import STREAM, SYSTEM
+from llmconn.skills import SkillCache
+from llmconn.transport import Transport
+from llmconn.types import Event, Request, Turn
+
+MAX_TEXT_CHARS = 1_000_000      # one message; providers' context windows end well before this
+MAX_CHAT_ID_CHARS = 256
+
+
+class Connection:
+    """A named provider connection with its HTTP pool and access to the chat store."""
+
+    def __init__(self, conf: ConnectionConfig, store, skills: SkillCache, transport: Transport | None = None) -> None:
+        self.conf = conf
+        self.name = conf.name
+        self.provider = PROVIDERS[conf.provider](conf)
+        self.store = store
+        self.skills = skills
+        self.transport = transport or Transport(conf.name, pool_size=conf.pool_size, timeout=conf.timeout,
+                                                max_retries=conf.max_retries, secret=conf.secret_value)
+        self._headers = self.provider.headers()
+
+    def __repr__(self) -> str:
+        return f'<Connection {self.name!r} provider={self.conf.provider} model={self.conf.model}>'
+
+    # -- public API ------------------------------------------------------------------------------
+
+    def invoke(self, text: str, skill: str = '', **params: Any) -> dict:
+        """One-shot call: no history is read, written or locked."""
+        return self._drain(self._events(text, '', skill, params, stream=False))
+
+    def chat(self, text: str, chat_id: str = '', skill: str = '', **params: Any) -> dict:
+        """A call that continues the conversation ``chat_id``; without one it is exactly ``invoke``."""
+        return self._drain(self._events(text, chat_id, skill, params, stream=False))
+
+    def stream(self, text: str, chat_id: str = '', skill: str = '', **params: Any) -> Iterator[Event]:
+        """Like ``chat``, but yields ``thinking`` / ``text`` deltas and one final ``done``."""
+        if STREAM not in self.provider.capabilities:
+            raise InvalidInput(f'{self.name}: provider {self.conf.provider} does not support the capability '
+                               f'"{STREAM}"; use chat() instead')
+        return self._events(text, chat_id, skill, params, stream=True)
+
+    def ping(self) -> bool:
+        """True when the provider answers; raises LLMError otherwise."""
+        self._check_active()
+        self.transport.get(self.provider.ping_url(), self._headers)
+        return True
+
+    def history(self, chat_id: str) -> list[dict]:
+        """Every stored message of the chat, oldest first, as ``{"role", "content"}``."""
+        _check_chat_id(chat_id, required=True)
+        messages = []
+        for turn in self.store.history(self.name, chat_id):
+            messages.append({'role': 'user', 'content': turn.user})
+            messages.append({'role': 'assistant', 'content': turn.assistant})
+        return messages
+
+    def delete_history(self, chat_id: str) -> None:
+        _check_chat_id(chat_id, required=True)
+        self.store.delete(self.name, chat_id)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    # -- the pipeline ----------------------------------------------------------------------------
+
+    def _events(self, text: str, chat_id: str, skill: str, params: dict, stream: bool) -> Iterator[Event]:
+        """Check everything now (so bad input fails at the call), then return the lazy pipeline."""
+        self._check_active()
+        _check_text(text)
+        _check_chat_id(chat_id, required=False)
+        _check_params(params)
+        return self._pipeline(text, chat_id, self._system(skill), params, stream)
+
+    def _pipeline(self, text: str, chat_id: str, system: str, params: dict, stream: bool) -> Iterator[Event]:
+        if not chat_id:
+            yield from self._call(Request(text, system, (), params, stream))
+            return
+        conf = self.conf
+        lock = self.store.begin(self.name, chat_id, window=conf.max_history_turns - 1,
+                                lock_ttl=conf.lock_ttl, lock_wait=conf.lock_wait)
+        try:
+            request, chain = self._chat_request(lock.turns, text, system, params, stream)
+            done = None
+            for event in self._call_reseeding(request, lock.turns):
+                if event.type == 'done':
+                    done = event
+                else:
+                    yield event
+            if done is None:
+                raise LLMError(f'{self.name}: the provider\'s answer ended without a result', connection=self.name)
+            reply = done.reply
+            keep_id = conf.state == 'provider'
+            lock.save(Turn(user=text, assistant=reply.text, items=reply.items,
+                           tag=self.provider.tag if reply.items else '',
+                           response_id=reply.response_id if keep_id else '', chain=chain if keep_id else 0,
+                           ts=mod_time.time()),
+                      expiry=conf.chat_expiry, max_turns=conf.max_stored_turns)
+            yield done
+        finally:
+            lock.release()
+
+    def _chat_request(self, window: list, text: str, system: str, params: dict, stream: bool):
+        """The request for a chat call, and the provider-side chain length it makes (stateful mode)."""
+        last = window[-1] if window else None
+        if (self.conf.state == 'provider' and last is not None and last.response_id
+                and last.chain + 1 <= self.conf.max_history_turns):
+            return Request(text, system, (), params, stream, previous_response_id=last.response_id), last.chain + 1
+        return Request(text, system, tuple(window), params, stream), len(window) + 1
+
+    def _call_reseeding(self, request: Request, window: list) -> Iterator[Event]:
+        """Call the provider; if it forgot the chain we continue, start a new one from local history."""
+        if not request.previous_response_id:
+            yield from self._call(request)
+            return
+        events = self._call(request)
+        try:
+            first = next(events)
+        except LLMError as e:
+            if not _forgot_previous(e):
+                raise
+            # The local window is the truth; the provider's copy of the chain is gone.
+            yield from self._call(Request(request.text, request.system, tuple(window), request.params,
+                                          request.stream))
+            return
+        yield first
+        yield from events
+
+    def _call(self, request: Request) -> Iterator[Event]:
+        body = self.provider.build_request(request)
+        if request.stream:
+            yield from self.provider.parse_stream(
+                self.transport.post_stream(self.provider.url(stream=True), self._headers, body))
+        else:
+            yield self.provider.done(self.provider.parse_response(
+                self.transport.post(self.provider.url(stream=False), self._headers, body)))
+
+    # -- checks ----------------------------------------------------------------------------------
+
+    def _check_active(self) -> None:
+        if not self.conf.is_active:
+            raise InactiveConnection(f'connection "{self.name}" is not active; set is_active: true in its '
+                                     f'configuration to use it')
+
+    def _system(self, skill: str) -> str:
+        if not skill:
+            return ''
+        if not isinstance(skill, str):
+            raise InvalidInput(f'skill must be a str naming a skill, got {type(skill).__name__}')
+        if SYSTEM not in self.provider.capabilities:
+            raise InvalidInput(f'{self.name}: provider {self.conf.provider} does not support the capability '
+                               f'"{SYSTEM}" that skills need')
+        return self.skills.get(skill).instructions
+
+    @staticmethod
+    def _drain(events: Iterator[Event]) -> dict:
+        result = None
+        for event in events:
+            if event.type == 'done':
+                result = event.result
+        return result
+
+
+def _forgot_previous(error: LLMError) -> bool:
+    body = error.provider_body
+    inner = body.get('error') if isinstance(body, dict) else None
+    return isinstance(inner, dict) and inner.get('code') == 'previous_response_not_found'
+
+
+def _check_text(text: Any) -> None:
+    if not isinstance(text, str):
+        raise InvalidInput(f'text must be a str, got {type(text).__name__}')
+    if not text.strip():
+        raise InvalidInput('text is empty; send the user\'s message as a non-empty str')
+    if len(text) > MAX_TEXT_CHARS:
+        raise InvalidInput(f'text has {len(text)} characters, more than the limit of {MAX_TEXT_CHARS}; '
+                           f'split or shorten it')
+
+
+def _check_chat_id(chat_id: Any, required: bool) -> None:
+    if not isinstance(chat_id, str):
+        raise InvalidInput(f'chat_id must be a str, got {type(chat_id).__name__}; '
+                           f'convert ids with str() first')
+    if len(chat_id) > MAX_CHAT_ID_CHARS or (required and not chat_id):
+        raise InvalidInput(f'chat_id must have 1 to {MAX_CHAT_ID_CHARS} characters, got {len(chat_id)}')
+
+
+def _check_params(params: dict) -> None:
+    if not params:
+        return
+    try:
+        json.dumps(params)
+    except (TypeError, ValueError) as e:
+        raise InvalidInput(f'call parameters must be JSON values ({e}); pass plain str, numbers, lists, dicts') \
+            from None

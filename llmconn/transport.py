@@ -1,0 +1,222 @@
+"""HTTP to the providers: one pooled ``requests.Session`` per connection, retries, SSE.
+
+This is the one place where ``requests`` exceptions are translated into
+:class:`~llmconn.errors.LLMError` and its subclasses; nothing above it sees
+``requests.exceptions``.
+
+Retry policy: 408, 409, 429, 5xx and 529 answers, and connections that could
+not be opened, are retried at most ``max_retries`` times. The provider's
+``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date) is honoured;
+otherwise the wait is exponential with full jitter. A read timeout is not
+retried (the provider may still be generating, and a retry would pay twice);
+other 4xx answers are never retried. A stream is retried only before its
+first byte.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import random
+import time as mod_time
+from typing import Any, Iterator
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
+from llmconn.providers.base import SSE
+
+logger = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({408, 409, 429, 529}) | frozenset(range(500, 600))
+BACKOFF_BASE = 0.5          # seconds before the first retry without a Retry-After
+BACKOFF_CAP = 8.0           # never wait longer than this between attempts on our own account
+RETRY_AFTER_CAP = 60.0      # a provider asking for more than this is treated as a failure to retry now
+CONNECT_TIMEOUT_CAP = 10.0  # opening a TCP connection never needs the whole read timeout
+
+
+class Transport:
+    """Sends JSON to one provider connection, with its pool, timeout and retry budget."""
+
+    def __init__(self, name: str, *, pool_size: int, timeout: float, max_retries: int,
+                 secret: str = '', sleep=None, session: requests.Session | None = None) -> None:
+        self.name = name
+        self.timeout = (min(timeout, CONNECT_TIMEOUT_CAP), timeout)
+        self.max_retries = max_retries
+        self._secret = secret
+        self.sleep = sleep or mod_time.sleep
+        self.session = session or requests.Session()
+        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
+        self.session.mount('http://', adapter)
+        self.session.mount('https://', adapter)
+
+    def __repr__(self) -> str:
+        return f'<Transport {self.name!r}>'
+
+    def get(self, url: str, headers: dict) -> Any:
+        """A GET with the same retries and error translation; returns parsed JSON."""
+        response = self._send('GET', url, headers, None, stream=False)
+        return self._json(response)
+
+    def post(self, url: str, headers: dict, body: dict) -> Any:
+        """POST ``body`` and return the provider's parsed JSON answer."""
+        response = self._send('POST', url, headers, body, stream=False)
+        return self._json(response)
+
+    def post_stream(self, url: str, headers: dict, body: dict) -> Iterator[SSE]:
+        """POST ``body`` and yield the server-sent events of the answer as they arrive."""
+        response = self._send('POST', url, headers, body, stream=True)
+        try:
+            yield from iter_sse(response.iter_content(chunk_size=None))
+        except requests.RequestException as e:
+            raise self._error(f'the stream broke before it was complete ({type(e).__name__})') from None
+        finally:
+            response.close()
+
+    def close(self) -> None:
+        self.session.close()
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _send(self, method: str, url: str, headers: dict, body: dict | None, stream: bool):
+        data = None if body is None else json.dumps(body, ensure_ascii=False).encode('utf-8')
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                response = self.session.request(method, url, headers=headers, data=data,
+                                                timeout=self.timeout, stream=stream)
+            except requests.Timeout as e:
+                if isinstance(e, requests.ConnectTimeout) and not last:
+                    self.sleep(self._backoff(attempt))
+                    continue
+                raise LLMTimeout(self._redact(f'{self.name}: no answer from the provider within '
+                                              f'{self.timeout[1]} s; raise "timeout" or check the provider'),
+                                 connection=self.name) from None
+            except requests.RequestException as e:
+                if isinstance(e, requests.ConnectionError) and not last:
+                    self.sleep(self._backoff(attempt))
+                    continue
+                raise self._error(f'cannot reach the provider ({type(e).__name__}); check "address" '
+                                  f'and that the provider is up') from None
+            if response.status_code < 400:
+                return response
+            wait = self._retry_wait(response, attempt)
+            if wait is None or last:
+                raise self._status_error(response)
+            logger.info('%s: provider answered %s, retrying in %.2f s (attempt %d of %d)', self.name,
+                        response.status_code, wait, attempt + 2, self.max_retries + 1)
+            response.close()
+            self.sleep(wait)
+        raise AssertionError('unreachable')
+
+    def _retry_wait(self, response, attempt: int) -> float | None:
+        """Seconds to wait before retrying this answer, or None when it must not be retried."""
+        if response.status_code not in RETRY_STATUSES:
+            return None
+        wait = parse_retry_after(response.headers)
+        if wait is None:
+            return self._backoff(attempt)
+        return wait if wait <= RETRY_AFTER_CAP else None
+
+    @staticmethod
+    def _backoff(attempt: int) -> float:
+        return random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** attempt))
+
+    def _json(self, response) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            raise self._error('the provider answered with a body that is not JSON; check "address" points '
+                              'at the provider API', status=response.status_code,
+                              body=self._redact(response.text[:2000])) from None
+
+    def _status_error(self, response) -> LLMError:
+        status = response.status_code
+        try:
+            body = response.json()
+        except ValueError:
+            body = self._redact(response.text[:10000])
+        detail = provider_message(body)
+        cls = LLMError
+        if status in (401, 403):
+            cls, hint = LLMAuthError, 'check the connection\'s secret'
+        elif status in (429, 529):
+            cls, hint = LLMRateLimited, 'the provider is overloaded or rate-limiting; try again later'
+        elif status >= 500 or status in (408, 409):
+            hint = f'gave up after {self.max_retries + 1} attempts'
+        else:
+            hint = 'the request was refused; fix the input or the connection settings'
+        message = f'{self.name}: provider answered HTTP {status}' + (f': {detail}' if detail else '') + f' ({hint})'
+        return cls(self._redact(message), status=status, provider_body=body, connection=self.name)
+
+    def _error(self, message: str, status: int | None = None, body: Any = None) -> LLMError:
+        return LLMError(self._redact(f'{self.name}: {message}'), status=status, provider_body=body,
+                        connection=self.name)
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._secret, '***') if self._secret and isinstance(text, str) else text
+
+
+def parse_retry_after(headers) -> float | None:
+    """Seconds from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date), if given."""
+    value = headers.get('retry-after-ms')
+    if value:
+        try:
+            return max(0.0, float(value) / 1000)
+        except ValueError:
+            pass
+    value = headers.get('retry-after')
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - mod_time.time())
+
+
+def provider_message(body: Any) -> str:
+    """The human message inside any provider's error body, if there is one."""
+    if isinstance(body, list) and body:
+        body = body[0]
+    if isinstance(body, dict):
+        error = body.get('error', body)
+        if isinstance(error, dict):
+            return str(error.get('message') or '')[:500]
+        if isinstance(error, str):
+            return error[:500]
+    if isinstance(body, str):
+        return body.strip()[:200]
+    return ''
+
+
+def iter_sse(chunks) -> Iterator[SSE]:
+    """Parse a server-sent event stream from byte chunks as they arrive."""
+    buffer = b''
+    event, data = '', []
+    for chunk in chunks:
+        buffer += chunk
+        *lines, buffer = buffer.split(b'\n')
+        for raw in lines:
+            line = raw.rstrip(b'\r').decode('utf-8')
+            if not line:
+                if data:
+                    yield SSE((event, '\n'.join(data)))
+                event, data = '', []
+            elif line.startswith(':'):
+                continue
+            else:
+                field, _, value = line.partition(':')
+                value = value[1:] if value.startswith(' ') else value
+                if field == 'event':
+                    event = value
+                elif field == 'data':
+                    data.append(value)
+    if data:
+        yield SSE((event, '\n'.join(data)))
