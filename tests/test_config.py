@@ -1,0 +1,113 @@
+"""Configuration: defaults, secrets from the environment, and one clear error per mistake."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from llmconn import config as mod_config
+from llmconn.errors import ConfigError
+
+
+def load(conns, environ=None, **top):
+    return mod_config.load_dict({'llm': conns, **top}, source='test.yaml', environ=environ or {})
+
+
+def test_defaults_mirror_zato():
+    conf = load([{'name': 'c', 'model': 'claude-sonnet-4-5'}])
+    c = conf.llm[0]
+    assert (c.provider, c.address, c.is_active) == ('claude', 'https://api.anthropic.com', True)
+    assert (c.pool_size, c.timeout, c.max_tokens, c.max_history_turns, c.chat_expiry) == (50, 60, 1024, 20, 86400)
+    assert (c.max_retries, c.lock_wait, c.lock_ttl, c.max_stored_turns, c.state) == (2, 10, 30, 1000, 'local')
+    assert conf.redis.url == 'memory://'
+
+
+@pytest.mark.parametrize('model, provider, address', [
+    ('claude-haiku-4-5', 'claude', 'https://api.anthropic.com'),
+    ('gemini-2.5-flash', 'gemini', 'https://generativelanguage.googleapis.com/v1beta'),
+    ('gpt-4o-mini', 'openai', 'https://api.openai.com/v1'),
+    ('llama3.1:8b', 'openai', 'https://api.openai.com/v1'),
+])
+def test_provider_inferred_from_model_name(model, provider, address):
+    c = load([{'name': 'c', 'model': model}]).llm[0]
+    assert (c.provider, c.address) == (provider, address)
+
+
+def test_explicit_provider_and_address_win():
+    c = load([{'name': 'c', 'model': 'claude-x', 'provider': 'openai', 'address': 'http://localhost:11434/v1/'}]).llm[0]
+    assert (c.provider, c.address) == ('openai', 'http://localhost:11434/v1')
+
+
+def test_secret_from_env_with_default_and_zato_syntax():
+    env = {'KEY_A': 'sk-aaa', 'KEY_C': 'sk-ccc'}
+    conf = load([{'name': 'a', 'model': 'm', 'secret': '${KEY_A}'},
+                 {'name': 'b', 'model': 'm', 'api_key': '${KEY_B:-fallback}'},
+                 {'name': 'c', 'model': 'm', 'password': 'Zato_Enmasse_Env.KEY_C'}], environ=env)
+    assert [c.secret_value for c in conf.llm] == ['sk-aaa', 'fallback', 'sk-ccc']
+    assert 'sk-aaa' not in repr(conf) and 'sk-aaa' not in str(conf.llm[0])
+
+
+def test_missing_env_variable_names_variable_and_connection():
+    with pytest.raises(ConfigError) as e:
+        load([{'name': 'My Claude', 'model': 'claude-x', 'secret': '${NOT_SET_ANYWHERE}'}])
+    assert 'NOT_SET_ANYWHERE' in str(e.value) and 'My Claude' in str(e.value) and 'test.yaml' in str(e.value)
+
+
+@pytest.mark.parametrize('conn, words', [
+    ({'name': 'c', 'model': 'm', 'timout': 5}, ['"timout"', 'unknown key', 'connection "c"']),
+    ({'name': 'c', 'model': 'm', 'timeout': 'soon'}, ['"timeout"', 'connection "c"']),
+    ({'name': 'c'}, ['"model"', 'required']),
+    ({'model': 'm'}, ['llm[0]', '"name"']),
+    ({'name': 'c', 'model': 'm', 'provider': 'cohere'}, ['cohere', 'claude, gemini, openai, openai-responses']),
+    ({'name': 'c', 'model': 'm', 'secret': 'a', 'api_key': 'b'}, ['secret', 'api_key']),
+    ({'name': 'c', 'model': 'm', 'address': 'api.example.com'}, ['"address"', 'http://']),
+    ({'name': 'c', 'model': 'gpt-4o', 'max_tokens': 4096, 'thinking': {'type': 'enabled', 'budget_tokens': 2048}},
+     ['thinking', 'does not support']),
+    ({'name': 'c', 'model': 'claude-x', 'thinking': {'type': 'enabled', 'budget_tokens': 100}}, ['1024']),
+    ({'name': 'c', 'model': 'claude-x', 'max_tokens': 2000, 'thinking': {'type': 'enabled', 'budget_tokens': 4096}},
+     ['below max_tokens']),
+    ({'name': 'c', 'model': 'gpt-4o', 'state': 'provider'}, ['"state"', 'stateless']),
+    ({'name': 'c', 'model': 'm', 'max_history_turns': 0}, ['max_history_turns']),
+])
+def test_bad_connection_is_one_clear_error(conn, words):
+    with pytest.raises(ConfigError) as e:
+        load([conn])
+    message = str(e.value)
+    assert message.startswith('test.yaml: ')
+    for word in words:
+        assert word in message, message
+
+
+def test_duplicate_names_and_unknown_top_level_keys():
+    with pytest.raises(ConfigError, match='used twice'):
+        load([{'name': 'c', 'model': 'm'}, {'name': 'c', 'model': 'n'}])
+    with pytest.raises(ConfigError, match='unknown top-level key.*llms'):
+        mod_config.load_dict({'llms': []}, source='x.yaml')
+
+
+def test_secret_never_in_error_messages():
+    with pytest.raises(ConfigError) as e:
+        load([{'name': 'c', 'model': 'm', 'secret': 'sk-very-secret', 'timeout': 'x'}])
+    assert 'sk-very-secret' not in str(e.value)
+
+
+def test_load_file_resolves_skills_dir_and_names_the_file(tmp_path):
+    path = tmp_path / 'llm.yaml'
+    path.write_text(textwrap.dedent('''
+        redis:
+          url: ${REDIS_URL_FOR_TEST:-memory://}
+        skills_dir: my-skills
+        llm:
+          - name: Local
+            model: llama3
+            address: http://127.0.0.1:11434/v1
+    '''))
+    conf = mod_config.load_file(path)
+    assert conf.skills_path == (tmp_path / 'my-skills').resolve()
+    assert conf.redis.url == 'memory://' and conf.llm[0].secret is None
+    path.write_text('llm:\n  - name: x\n    model: [unclosed\n')
+    with pytest.raises(ConfigError, match=str(path)):
+        mod_config.load_file(path)
+    with pytest.raises(ConfigError, match='cannot read'):
+        mod_config.load_file(tmp_path / 'missing.yaml')

@@ -1,0 +1,174 @@
+"""Transport: retries, Retry-After, error translation, SSE parsing and secret redaction.
+
+A tiny scripted HTTP server answers each request with the next response
+from a queue and counts what it received, so every attempt is visible.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
+from llmconn.transport import Transport, iter_sse, parse_retry_after
+
+SECRET = 'sk-test-transport-secret'
+
+
+class Scripted(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(('127.0.0.1', 0), Handler)
+        self.script: list = []
+        self.received: list = []
+        self.url = f'http://127.0.0.1:{self.server_address[1]}'
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = 'HTTP/1.1'
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        length = int(self.headers.get('content-length', 0))
+        self.server.received.append((self.path, dict(self.headers), self.rfile.read(length)))
+        status, headers, body, delay = self.server.script.pop(0) if self.server.script else (200, {}, b'{}', 0)
+        time.sleep(delay)
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header('content-length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST
+
+
+@pytest.fixture
+def server():
+    srv = Scripted()
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def make(max_retries=2, timeout=5.0):
+    sleeps = []
+    transport = Transport('conn', pool_size=4, timeout=timeout, max_retries=max_retries, secret=SECRET,
+                          sleep=sleeps.append)
+    return transport, sleeps
+
+
+def test_429_with_retry_after_then_success(server):
+    server.script = [(429, {'Retry-After': '3'}, b'{"error": {"message": "slow down"}}', 0),
+                     (200, {}, b'{"ok": true}', 0)]
+    transport, sleeps = make()
+    assert transport.post(server.url + '/x', {}, {'a': 1}) == {'ok': True}
+    assert sleeps == [3.0] and len(server.received) == 2
+    assert server.received[0][2] == server.received[1][2] == b'{"a": 1}'
+
+
+def test_retry_after_ms_wins_over_retry_after(server):
+    server.script = [(529, {'retry-after-ms': '250', 'Retry-After': '9'}, b'{}', 0), (200, {}, b'{}', 0)]
+    transport, sleeps = make()
+    transport.post(server.url, {}, {})
+    assert sleeps == [0.25]
+
+
+def test_persistent_5xx_gives_up_after_max_retries_plus_one(server):
+    server.script = [(503, {}, b'{"error": {"message": "overloaded"}}', 0)] * 5
+    transport, sleeps = make(max_retries=2)
+    with pytest.raises(LLMError) as e:
+        transport.post(server.url, {}, {})
+    assert len(server.received) == 3 and len(sleeps) == 2
+    assert all(0 <= s <= 8 for s in sleeps)
+    assert e.value.status == 503 and e.value.provider_body == {'error': {'message': 'overloaded'}}
+    assert 'overloaded' in str(e.value) and '3 attempts' in str(e.value)
+
+
+@pytest.mark.parametrize('status', [400, 404, 422])
+def test_validation_errors_are_not_retried(server, status):
+    server.script = [(status, {}, b'{"error": {"message": "bad field"}}', 0)]
+    transport, sleeps = make()
+    with pytest.raises(LLMError) as e:
+        transport.post(server.url, {}, {})
+    assert len(server.received) == 1 and sleeps == [] and e.value.status == status
+
+
+def test_auth_failure_is_not_retried_and_has_its_own_class(server):
+    server.script = [(401, {}, b'{"error": {"message": "invalid x-api-key"}}', 0)]
+    transport, _ = make()
+    with pytest.raises(LLMAuthError):
+        transport.post(server.url, {}, {})
+    assert len(server.received) == 1
+
+
+def test_rate_limit_exhausted_is_rate_limited(server):
+    server.script = [(429, {'Retry-After': '0'}, b'{}', 0)] * 3
+    transport, _ = make(max_retries=2)
+    with pytest.raises(LLMRateLimited):
+        transport.post(server.url, {}, {})
+    assert len(server.received) == 3
+
+
+def test_timeout_is_llm_timeout_and_not_retried(server):
+    server.script = [(200, {}, b'{}', 1.0)]
+    transport, _ = make(timeout=0.2)
+    with pytest.raises(LLMTimeout, match='0.2 s'):
+        transport.post(server.url, {}, {})
+    assert len(server.received) == 1
+
+
+def test_non_json_body_is_llm_error(server):
+    server.script = [(200, {'content-type': 'text/html'}, b'<html>proxy login</html>', 0)]
+    transport, _ = make()
+    with pytest.raises(LLMError, match='not JSON') as e:
+        transport.post(server.url, {}, {})
+    assert e.value.status == 200 and 'proxy login' in e.value.provider_body
+
+
+def test_unreachable_provider_is_llm_error_after_retries():
+    transport, sleeps = make(max_retries=1)
+    with pytest.raises(LLMError, match='cannot reach'):
+        transport.post('http://127.0.0.1:9/v1', {}, {})
+    assert len(sleeps) == 1
+
+
+def test_secret_is_redacted_from_errors(server):
+    server.script = [(400, {}, json.dumps({'error': {'message': f'key {SECRET} is malformed'}}).encode(), 0)]
+    transport, _ = make()
+    with pytest.raises(LLMError) as e:
+        transport.post(server.url, {'x-api-key': SECRET}, {})
+    assert SECRET not in str(e.value) and SECRET not in repr(transport)
+
+
+def test_retry_after_parsing():
+    assert parse_retry_after({'retry-after': '1.5'}) == 1.5
+    assert parse_retry_after({}) is None
+    soon = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert 25 < parse_retry_after({'retry-after': soon}) <= 30
+    assert parse_retry_after({'retry-after': 'whenever'}) is None
+
+
+def test_sse_parser_handles_split_chunks_comments_and_multiline_data():
+    raw = b'event: a\ndata: {"x":\ndata: 1}\n\n: keep-alive\n\ndata: [DONE]\n\n'
+    chunks = [raw[i:i + 3] for i in range(0, len(raw), 3)]
+    events = list(iter_sse(chunks))
+    assert events == [('a', '{"x":\n1}'), ('', '[DONE]')]
+    assert events[0].event == 'a' and json.loads(events[0].data) == {'x': 1}
+
+
+def test_stream_yields_events_in_order(server):
+    body = 'event: one\ndata: 1\n\nevent: two\ndata: 2\n\n'.encode()
+    server.script = [(200, {'content-type': 'text/event-stream'}, body, 0)]
+    transport, _ = make()
+    assert [tuple(e) for e in transport.post_stream(server.url, {}, {})] == [('one', '1'), ('two', '2')]
