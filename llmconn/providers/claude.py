@@ -1,0 +1,217 @@
+"""Anthropic Messages API (``POST /v1/messages``).
+
+Extended thinking is configured with Anthropic's own shape (``thinking:`` in
+the connection) and sent as is. The reply's ``thinking`` and
+``redacted_thinking`` blocks are kept verbatim, signatures included, as the
+turn's opaque items; they go back in front of the assistant's text only to
+the same model in the same thinking mode, because a signature is only valid
+where it was made.
+
+Streaming rebuilds the whole Message from its events (as the SDK does) and
+parses that, so a streamed reply is exactly what the same answer unstreamed
+would give.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Iterator
+
+from llmconn.errors import InvalidInput
+from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, Provider
+from llmconn.types import Event, Reply, Request, Turn
+
+ANTHROPIC_VERSION = '2023-06-01'
+
+# Blocks that carry the model's reasoning; both must be replayed untouched.
+_thinking_types = ('thinking', 'redacted_thinking')
+
+# Several thinking blocks read as paragraphs, streamed and unstreamed alike.
+THINKING_SEPARATOR = '\n\n'
+
+# Body keys this mapping owns: a param setting them would break the chat or mislabel its items.
+_reserved = frozenset({'model', 'messages', 'system', 'stream', 'thinking'})
+
+
+class ClaudeProvider(Provider):
+    """Claude Messages, with extended thinking replayed to the model that produced it."""
+
+    name = 'claude'
+    default_address = 'https://api.anthropic.com'
+    capabilities = frozenset({STREAM, SYSTEM, THINKING, REASONING_REPLAY})
+
+    @classmethod
+    def check_config(cls, conf) -> None:
+        super().check_config(conf)
+        clash = sorted(_reserved & conf.params.keys())
+        if clash:
+            raise ValueError(f'field "params": {", ".join(clash)} is set by llmconn '
+                             f'(use model, thinking and skills instead); remove it from params')
+
+    @property
+    def mode(self) -> str:
+        return self.conf.thinking.type if self.conf.thinking else 'plain'
+
+    def url(self, stream: bool = False) -> str:
+        return f'{self.conf.address}/v1/messages'
+
+    def ping_url(self) -> str:
+        return f'{self.conf.address}/v1/models'
+
+    def headers(self) -> dict[str, str]:
+        headers = {'content-type': 'application/json', 'anthropic-version': ANTHROPIC_VERSION}
+        if self.conf.secret_value:
+            headers['x-api-key'] = self.conf.secret_value
+        return headers
+
+    def body_params(self, request: Request) -> dict[str, Any]:
+        params = super().body_params(request)
+        clash = sorted(_reserved & params.keys())
+        if clash:
+            raise InvalidInput(f'{", ".join(clash)} cannot be a per-call param of connection '
+                               f'"{self.conf.name}"; llmconn sets it from the configuration')
+        return params
+
+    # ---- request
+
+    def build_request(self, request: Request) -> dict[str, Any]:
+        messages: list[dict[str, Any]] = []
+        for turn in request.history:
+            messages.append({'role': 'user', 'content': turn.user})
+            messages.append({'role': 'assistant', 'content': self._assistant_content(turn)})
+        messages.append({'role': 'user', 'content': request.text})
+
+        body: dict[str, Any] = {'model': self.conf.model, 'max_tokens': self.conf.max_tokens}
+        if request.system:
+            body['system'] = request.system
+        body['messages'] = messages
+        if self.conf.thinking is not None:
+            body['thinking'] = self.conf.thinking.wire()
+        if request.stream:
+            body['stream'] = True
+        body.update(self.body_params(request))
+        return body
+
+    def _assistant_content(self, turn: Turn) -> Any:
+        if not self.replays_items(turn):
+            return turn.assistant
+        # Thinking blocks first, byte for byte, then what was said: the order Claude produced.
+        content = list(turn.items)
+        if turn.assistant:
+            content.append({'type': 'text', 'text': turn.assistant})
+        return content
+
+    # ---- response
+
+    def parse_response(self, body: Any) -> Reply:
+        if not isinstance(body, dict) or body.get('type') == 'error' or 'content' not in body:
+            raise self.error('Claude answered with something that is not a message; see provider_body', body)
+        blocks = body['content'] or []
+        text = ''.join(b.get('text', '') for b in blocks if b.get('type') == 'text')
+        items = tuple(b for b in blocks if b.get('type') in _thinking_types)
+        thinking = THINKING_SEPARATOR.join(b.get('thinking', '') for b in items if b.get('type') == 'thinking')
+        input_tokens, output_tokens = _usage(body.get('usage') or {})
+        return Reply(text=text, input_tokens=input_tokens, output_tokens=output_tokens, raw=body,
+                     thinking=thinking, items=items, response_id=body.get('id', ''),
+                     model=body.get('model', ''))
+
+    def parse_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
+        state = _StreamState()
+        for sse in events:
+            data = self._event_data(sse)
+            kind = data.get('type') or sse.event
+            if kind == 'error':
+                raise self.error(f'Claude reported an error mid-stream: {_error_message(data)}; '
+                                 f'the reply was not saved, try again', data)
+            if kind == 'message_stop':
+                if state.message is None:
+                    break
+                yield self.done(self.parse_response(state.finish()))
+                return
+            yield from state.apply(kind, data)
+        raise self.error('the Claude stream ended before message_stop, so the reply is incomplete; '
+                         'try again', state.message)
+
+    def _event_data(self, sse: SSE) -> dict:
+        try:
+            data = json.loads(sse.data)
+        except ValueError:
+            raise self.error('Claude sent a stream event that is not JSON; check the address points at '
+                             'the Anthropic API', sse.data) from None
+        if not isinstance(data, dict):
+            raise self.error('Claude sent a stream event that is not a JSON object', data)
+        return data
+
+
+class _StreamState:
+    """The Message being rebuilt from stream events, as the SDK's accumulator does."""
+
+    def __init__(self) -> None:
+        self.message: dict | None = None
+        self.blocks: dict[int, dict] = {}
+        self.thinking_started = False
+
+    def apply(self, kind: str, data: dict) -> Iterator[Event]:
+        if kind == 'message_start':
+            self.message = dict(data['message'])
+            self.message['usage'] = dict(self.message.get('usage') or {})
+        elif kind == 'content_block_start':
+            block = dict(data['content_block'])
+            self.blocks[data['index']] = block
+            if block.get('type') == 'thinking' and self.thinking_started:
+                yield Event('thinking', text=THINKING_SEPARATOR)
+            if block.get('type') == 'thinking' and block.get('thinking'):
+                self.thinking_started = True
+                yield Event('thinking', text=block['thinking'])
+            elif block.get('type') == 'text' and block.get('text'):
+                yield Event('text', text=block['text'])
+        elif kind == 'content_block_delta':
+            yield from self._delta(self.blocks[data['index']], data['delta'])
+        elif kind == 'message_delta' and self.message is not None:
+            self.message.update({k: v for k, v in (data.get('delta') or {}).items()})
+            # Usage in message_delta is cumulative: it replaces, never adds to, message_start's.
+            self.message['usage'].update({k: v for k, v in (data.get('usage') or {}).items() if v is not None})
+        # ping and content_block_stop carry nothing to keep.
+
+    def _delta(self, block: dict, delta: dict) -> Iterator[Event]:
+        kind = delta.get('type')
+        if kind == 'text_delta':
+            block['text'] = block.get('text', '') + delta['text']
+            if delta['text']:
+                yield Event('text', text=delta['text'])
+        elif kind == 'thinking_delta':
+            block['thinking'] = block.get('thinking', '') + delta['thinking']
+            if delta['thinking']:
+                self.thinking_started = True
+                yield Event('thinking', text=delta['thinking'])
+        elif kind == 'signature_delta':
+            block['signature'] = block.get('signature', '') + delta['signature']
+        elif kind == 'citations_delta':
+            block['citations'] = [*(block.get('citations') or []), delta['citation']]
+        elif kind == 'input_json_delta':
+            block['_partial_json'] = block.get('_partial_json', '') + delta.get('partial_json', '')
+
+    def finish(self) -> dict:
+        message = dict(self.message or {})
+        message['content'] = [_closed(self.blocks[i]) for i in sorted(self.blocks)]
+        return message
+
+
+def _closed(block: dict) -> dict:
+    if '_partial_json' in block:
+        block = dict(block)
+        partial = block.pop('_partial_json')
+        block['input'] = json.loads(partial) if partial else {}
+    return block
+
+
+def _usage(usage: dict) -> tuple[int, int]:
+    # Cached prompt tokens are still input the model read: count them, as Anthropic's docs total them.
+    input_tokens = sum(usage.get(k) or 0 for k in ('input_tokens', 'cache_creation_input_tokens',
+                                                   'cache_read_input_tokens'))
+    return input_tokens, usage.get('output_tokens') or 0
+
+
+def _error_message(data: dict) -> str:
+    error = data.get('error') or {}
+    return f'{error.get("type", "error")}: {error.get("message", "no message")}'
