@@ -1,0 +1,192 @@
+"""OpenAI Chat Completions (``POST {address}/chat/completions``), and every compatible server.
+
+Ollama, vLLM, LiteLLM and the like are this provider with another
+``address``; they need no secret, so ``Authorization`` is sent only when one
+is configured. ``max_tokens`` is the limit field every compatible server
+understands; OpenAI's reasoning models want ``max_completion_tokens``
+instead, so giving that in ``params`` replaces ``max_tokens``.
+
+Some compatible servers stream the model's reasoning as ``reasoning_content``
+(DeepSeek, vLLM) or ``reasoning`` (Ollama, OpenRouter); it becomes the
+reply's ``thinking``. It is never sent back: those servers ask not to.
+
+Streaming rebuilds a ChatCompletion from the chunks and parses that, so a
+streamed reply equals the same answer unstreamed; usage comes in the last
+chunk because the request sets ``stream_options.include_usage``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Iterator
+
+from llmconn.errors import InvalidInput
+from llmconn.providers.base import SSE, STREAM, SYSTEM, Provider
+from llmconn.types import Event, Reply, Request
+
+# Where compatible servers put the model's reasoning, in the order we look.
+REASONING_FIELDS = ('reasoning_content', 'reasoning')
+
+STREAM_END = '[DONE]'
+
+# Body keys this mapping owns: a param setting them would break the chat.
+RESERVED_PARAMS = frozenset({'model', 'messages', 'stream', 'stream_options', 'n'})
+
+
+class OpenAIProvider(Provider):
+    """OpenAI Chat Completions and OpenAI-compatible servers."""
+
+    name = 'openai'
+    default_address = 'https://api.openai.com/v1'
+    capabilities = frozenset({STREAM, SYSTEM})
+
+    @classmethod
+    def check_config(cls, conf) -> None:
+        super().check_config(conf)
+        check_reserved(RESERVED_PARAMS, conf.params, ValueError)
+
+    def url(self, stream: bool = False) -> str:
+        return f'{self.conf.address}/chat/completions'
+
+    def ping_url(self) -> str:
+        return f'{self.conf.address}/models'
+
+    def headers(self) -> dict[str, str]:
+        headers = {'content-type': 'application/json'}
+        if self.conf.secret_value:
+            headers['authorization'] = f'Bearer {self.conf.secret_value}'
+        return headers
+
+    def body_params(self, request: Request) -> dict[str, Any]:
+        params = super().body_params(request)
+        check_reserved(RESERVED_PARAMS, params, InvalidInput)
+        return params
+
+    # ---- request
+
+    def build_request(self, request: Request) -> dict[str, Any]:
+        messages: list[dict[str, Any]] = []
+        if request.system:
+            messages.append({'role': 'system', 'content': request.system})
+        for turn in request.history:
+            messages.append({'role': 'user', 'content': turn.user})
+            messages.append({'role': 'assistant', 'content': turn.assistant})
+        messages.append({'role': 'user', 'content': request.text})
+
+        body: dict[str, Any] = {'model': self.conf.model, 'messages': messages,
+                                'max_tokens': self.conf.max_tokens}
+        if request.stream:
+            body['stream'] = True
+            body['stream_options'] = {'include_usage': True}
+        params = self.body_params(request)
+        if 'max_completion_tokens' in params:
+            del body['max_tokens']      # OpenAI rejects a body that carries both
+        body.update(params)
+        return body
+
+    # ---- response
+
+    def parse_response(self, body: Any) -> Reply:
+        if not isinstance(body, dict) or 'error' in body:
+            raise self.error(f'the provider answered with an error: {error_text(body)}', body)
+        choices = body.get('choices') or []
+        if not choices:
+            raise self.error('the provider answered without any choice; see provider_body', body)
+        message = choices[0].get('message') or {}
+        usage = body.get('usage') or {}
+        thinking = next((message[k] for k in REASONING_FIELDS if message.get(k)), '')
+        return Reply(text=message.get('content') or message.get('refusal') or '',
+                     input_tokens=usage.get('prompt_tokens') or 0,
+                     output_tokens=usage.get('completion_tokens') or 0,
+                     raw=body, thinking=thinking, response_id=body.get('id') or '',
+                     model=body.get('model') or '')
+
+    def parse_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
+        answer = _Answer()
+        for sse in events:
+            if sse.data.strip() == STREAM_END:
+                yield self.done(self.parse_response(answer.completion()))
+                return
+            chunk = json_event(self, sse)
+            if 'error' in chunk:
+                raise self.error(f'the provider reported an error mid-stream: {error_text(chunk)}; '
+                                 f'the reply was not saved, try again', chunk)
+            yield from answer.add(chunk)
+        raise self.error(f'the stream ended before "data: {STREAM_END}", so the reply is incomplete; try again',
+                         answer.completion())
+
+
+class _Answer:
+    """A ChatCompletion being rebuilt from its chunks."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.refusal: list[str] = []
+        self.finish_reason = None
+        self.usage = None
+
+    def add(self, chunk: dict) -> Iterator[Event]:
+        for key in ('id', 'created', 'model', 'system_fingerprint'):
+            if chunk.get(key) is not None:
+                self.head.setdefault(key, chunk[key])
+        if chunk.get('usage'):
+            self.usage = chunk['usage']
+        for choice in chunk.get('choices') or ():
+            if choice.get('index', 0) != 0:
+                continue
+            self.finish_reason = choice.get('finish_reason') or self.finish_reason
+            delta = choice.get('delta') or {}
+            reasoning = next((delta[k] for k in REASONING_FIELDS if delta.get(k)), '')
+            if reasoning:
+                self.reasoning.append(reasoning)
+                yield Event('thinking', text=reasoning)
+            if delta.get('content'):
+                self.text.append(delta['content'])
+                yield Event('text', text=delta['content'])
+            if delta.get('refusal'):
+                self.refusal.append(delta['refusal'])
+
+    def completion(self) -> dict:
+        message: dict[str, Any] = {'role': 'assistant', 'content': ''.join(self.text) or None}
+        if self.refusal:
+            message['refusal'] = ''.join(self.refusal)
+        if self.reasoning:
+            message['reasoning_content'] = ''.join(self.reasoning)
+        completion = {**self.head, 'object': 'chat.completion',
+                      'choices': [{'index': 0, 'message': message, 'finish_reason': self.finish_reason}]}
+        if self.usage is not None:
+            completion['usage'] = self.usage
+        return completion
+
+
+# ---- shared with the Responses mapping
+
+
+def check_reserved(reserved: frozenset[str], keys: Iterable[str], error: type[Exception]) -> None:
+    """Refuse params that would overwrite what the mapping itself must set."""
+    clash = sorted(reserved & set(keys))
+    if clash:
+        raise error(f'params may not set {", ".join(clash)}: llmconn sets it from the configuration '
+                    f'and the chat; remove it from params')
+
+
+def json_event(provider: Provider, sse: SSE) -> dict:
+    """The JSON object a stream event carries, or an LLMError saying the stream is not what we expect."""
+    try:
+        data = json.loads(sse.data)
+    except ValueError:
+        raise provider.error(f'the provider sent a stream event that is not JSON; check that "address" '
+                             f'points at the {provider.name} API', sse.data) from None
+    if not isinstance(data, dict):
+        raise provider.error('the provider sent a stream event that is not a JSON object', data)
+    return data
+
+
+def error_text(body: Any) -> str:
+    """A one-line description of an OpenAI-style ``{"error": {...}}`` body."""
+    error = body.get('error') if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        return error.get('message') or error.get('code') or error.get('type') or 'no message'
+    return str(error or body)[:200]
