@@ -1,0 +1,175 @@
+"""Google Gemini ``generateContent`` (``POST {address}/models/{model}:generateContent``).
+
+The skill goes in ``systemInstruction``; history alternates ``user`` and
+``model`` contents. ``params`` are body fields; a ``generationConfig`` given
+there is merged key by key with ours (so ``temperature`` does not drop
+``maxOutputTokens``). Parts marked ``thought: true`` are the model's
+reasoning and become the reply's ``thinking``; they are not replayed.
+
+Gemini says no in the body, not with a status: a blocked prompt comes back
+as ``promptFeedback.blockReason`` without candidates, a blocked answer as a
+candidate whose ``finishReason`` is ``SAFETY`` (or similar) and which holds
+no text. Both become :class:`LLMError`.
+
+Streaming uses ``:streamGenerateContent?alt=sse``: every event is a whole
+GenerateContentResponse carrying the next piece of text, and there is no
+end marker, so a stream is complete only if some chunk carried a
+``finishReason``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator
+from urllib.parse import quote
+
+from llmconn.errors import InvalidInput
+from llmconn.providers.base import SSE, STREAM, SYSTEM, Provider
+from llmconn.providers.openai import check_reserved, json_event
+from llmconn.types import Event, Reply, Request
+
+# Finish reasons of an answer that ended normally; any other one with no text means Gemini refused.
+_normal_finish = frozenset({'STOP', 'MAX_TOKENS', 'FINISH_REASON_UNSPECIFIED'})
+
+RESERVED_PARAMS = frozenset({'contents', 'systemInstruction', 'system_instruction'})
+
+
+class GeminiProvider(Provider):
+    """Gemini's generateContent REST API."""
+
+    name = 'gemini'
+    default_address = 'https://generativelanguage.googleapis.com/v1beta'
+    capabilities = frozenset({STREAM, SYSTEM})
+
+    @classmethod
+    def check_config(cls, conf) -> None:
+        super().check_config(conf)
+        check_reserved(RESERVED_PARAMS, conf.params, ValueError)
+
+    def url(self, stream: bool = False) -> str:
+        model = self.conf.model
+        # A model may be given bare (gemini-2.5-flash) or as its resource name (models/..., tunedModels/...).
+        path = model if '/' in model else f'models/{model}'
+        method = 'streamGenerateContent?alt=sse' if stream else 'generateContent'
+        return f'{self.conf.address}/{quote(path, safe="/")}:{method}'
+
+    def ping_url(self) -> str:
+        return f'{self.conf.address}/models'
+
+    def headers(self) -> dict[str, str]:
+        headers = {'content-type': 'application/json'}
+        if self.conf.secret_value:
+            headers['x-goog-api-key'] = self.conf.secret_value
+        return headers
+
+    def body_params(self, request: Request) -> dict[str, Any]:
+        params = super().body_params(request)
+        check_reserved(RESERVED_PARAMS, params, InvalidInput)
+        return params
+
+    # ---- request
+
+    def build_request(self, request: Request) -> dict[str, Any]:
+        contents = []
+        for turn in request.history:
+            contents.append({'role': 'user', 'parts': [{'text': turn.user}]})
+            contents.append({'role': 'model', 'parts': [{'text': turn.assistant}]})
+        contents.append({'role': 'user', 'parts': [{'text': request.text}]})
+
+        body: dict[str, Any] = {'contents': contents}
+        if request.system:
+            body['systemInstruction'] = {'parts': [{'text': request.system}]}
+        generation = {'maxOutputTokens': self.conf.max_tokens}
+        params = self.body_params(request)
+        generation.update(params.pop('generationConfig', None) or {})
+        body['generationConfig'] = generation
+        body.update(params)
+        return body
+
+    # ---- response
+
+    def parse_response(self, body: Any) -> Reply:
+        if not isinstance(body, dict) or 'error' in body:
+            raise self.error(f'Gemini answered with an error: {_error_text(body)}', body)
+        self._check_not_blocked(body)
+        candidates = body.get('candidates') or []
+        if not candidates:
+            raise self.error('Gemini answered without any candidate; see provider_body for why', body)
+        candidate = candidates[0]
+        parts = (candidate.get('content') or {}).get('parts') or []
+        text = ''.join(p.get('text', '') for p in parts if not p.get('thought'))
+        finish = candidate.get('finishReason')
+        if not text and finish and finish not in _normal_finish:
+            raise self.error(f'Gemini stopped the answer (finishReason {finish}) before it said anything; '
+                             f'rephrase the message or adjust safetySettings in params', body)
+        usage = body.get('usageMetadata') or {}
+        return Reply(text=text,
+                     input_tokens=usage.get('promptTokenCount') or 0,
+                     # Thinking is billed as output, as Claude's and OpenAI's output counts include it.
+                     output_tokens=(usage.get('candidatesTokenCount') or 0) + (usage.get('thoughtsTokenCount') or 0),
+                     raw=body, thinking=''.join(p.get('text', '') for p in parts if p.get('thought')),
+                     response_id=body.get('responseId') or '', model=body.get('modelVersion') or '')
+
+    def _check_not_blocked(self, body: dict) -> None:
+        reason = (body.get('promptFeedback') or {}).get('blockReason')
+        if reason:
+            raise self.error(f'Gemini blocked the prompt (blockReason {reason}); rephrase the message '
+                             f'or adjust safetySettings in params', body)
+
+    def parse_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
+        answer = _Answer()
+        for sse in events:
+            chunk = json_event(self, sse)
+            if 'error' in chunk:
+                raise self.error(f'Gemini reported an error mid-stream: {_error_text(chunk)}; '
+                                 f'the reply was not saved, try again', chunk)
+            self._check_not_blocked(chunk)
+            yield from answer.add(chunk)
+        if answer.finish is None:
+            raise self.error('the Gemini stream ended before any chunk carried a finishReason, so the '
+                             'reply is incomplete; try again', answer.response() if answer.chunks else None)
+        yield self.done(self.parse_response(answer.response()))
+
+
+class _Answer:
+    """One GenerateContentResponse rebuilt from the chunks of a stream."""
+
+    def __init__(self) -> None:
+        self.chunks = 0
+        self.parts: list[dict] = []
+        self.finish = None
+        self.last: dict = {}
+
+    def add(self, chunk: dict) -> Iterator[Event]:
+        self.chunks += 1
+        self.last = chunk
+        candidate = (chunk.get('candidates') or [{}])[0]
+        self.finish = candidate.get('finishReason') or self.finish
+        for part in (candidate.get('content') or {}).get('parts') or ():
+            text = part.get('text', '')
+            if text:
+                yield Event('thinking' if part.get('thought') else 'text', text=text)
+            self._merge(part)
+
+    def _merge(self, part: dict) -> None:
+        last = self.parts[-1] if self.parts else None
+        if last is not None and 'text' in part and 'text' in last and bool(last.get('thought')) == bool(
+                part.get('thought')):
+            merged = {**last, **part, 'text': last['text'] + part['text']}
+            self.parts[-1] = merged
+        else:
+            self.parts.append(dict(part))
+
+    def response(self) -> dict:
+        response = {k: v for k, v in self.last.items() if k != 'candidates'}
+        candidate = {'content': {'role': 'model', 'parts': self.parts}, 'index': 0}
+        if self.finish:
+            candidate['finishReason'] = self.finish
+        response['candidates'] = [candidate]
+        return response
+
+
+def _error_text(body: Any) -> str:
+    error = body.get('error') if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        return f'{error.get("status") or error.get("code")}: {error.get("message", "no message")}'
+    return str(error or body)[:200]
