@@ -1,0 +1,234 @@
+"""``make bench``: the performance figures of SPEC §7, measured side by side in one run.
+
+Everything runs in one gevent-patched process (as ``llmconn serve`` does)
+against a real Redis (``REDIS_URL``, default 127.0.0.1:6379) and the fake
+provider in a subprocess. Each figure is printed next to its target and next
+to the same figure for a Zato-style baseline (redis-py Lock + GET/SET of one
+JSON blob, see ``zato_baseline.py``). Ratios, not absolute times, are the
+targets, because absolute times depend on the machine.
+
+    .venv/bin/python bench/bench.py [--quick]
+"""
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+
+import gevent  # noqa: E402
+import redis  # noqa: E402
+import requests  # noqa: E402
+from requests.adapters import HTTPAdapter  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from zato_baseline import ZatoStyleChat  # noqa: E402
+
+from llmconn import Registry  # noqa: E402
+from llmconn.store.keys import chat_keys  # noqa: E402
+from llmconn.testing.fake_server import FakeProviderServer  # noqa: E402
+from llmconn.types import Request, Turn  # noqa: E402
+
+
+class RoundTrips:
+    """Counts what redis-py sends to the server: one packed send is one round trip."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._original = redis.connection.Connection.send_packed_command
+
+    def __enter__(self):
+        original, counter = self._original, self
+
+        def counting(conn, command, check_health=True):
+            counter.count += 1
+            return original(conn, command, check_health)
+
+        redis.connection.Connection.send_packed_command = counting
+        return self
+
+    def __exit__(self, *exc):
+        redis.connection.Connection.send_packed_command = self._original
+
+
+def per_call(func, n: int) -> float:
+    started = time.perf_counter()
+    for i in range(n):
+        func(i)
+    return (time.perf_counter() - started) / n
+
+
+def interleaved(funcs: dict, n: int, rounds: int) -> dict:
+    """Mean seconds per call of each function, run in alternating blocks to cancel drift."""
+    samples = {name: [] for name in funcs}
+    for _ in range(rounds):
+        for name, func in funcs.items():
+            samples[name].append(per_call(func, n))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def seed_llmconn(client, conn, chat_id: str, turns: int) -> None:
+    key = chat_keys(conn.name, chat_id).turns
+    client.delete(key)
+    pipe = client.pipeline(transaction=False)
+    for i in range(turns):
+        turn = Turn(user=f'seed message {i}', assistant=f'seed answer {i} with a few more words', ts=time.time())
+        pipe.rpush(key, json.dumps(turn.to_dict(), separators=(',', ':')))
+    pipe.expire(key, conn.conf.chat_expiry)
+    pipe.execute()
+
+
+def together(n: int, func) -> float:
+    started = time.perf_counter()
+    gevent.joinall([gevent.spawn(func, i) for i in range(n)], raise_error=True)
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--quick', action='store_true', help='fewer iterations, for a smoke run')
+    args = parser.parse_args()
+    scale = 0.2 if args.quick else 1.0
+    redis_url = os.environ.get('REDIS_URL', 'redis://127.0.0.1:6379/0')
+    name = f'bench-{uuid.uuid4().hex[:8]}'
+    rows = []
+
+    with FakeProviderServer.spawn() as provider:
+        registry = Registry.from_dict({'redis': {'url': redis_url}, 'llm': [{
+            'name': name, 'provider': 'openai', 'model': 'bench-model', 'address': provider.url + '/v1',
+            'pool_size': 600, 'max_stored_turns': 20000, 'max_retries': 0, 'lock_wait': 60}]})
+        conn = registry[name]
+        client = redis.Redis.from_url(redis_url)
+        zato = ZatoStyleChat(conn, client)
+        try:
+            rows += bench_overhead(conn, zato, client, scale)
+            rows += bench_round_trips(conn, zato)
+            rows += bench_long_history(conn, zato, client, scale)
+            rows += bench_handoff(conn, zato, provider)
+            rows += bench_many_chats(conn, provider, scale)
+        finally:
+            for key in client.scan_iter(match=f'*{name}*', count=1000):
+                client.delete(key)
+            registry.close()
+    print_table(rows, redis_url)
+    return 0
+
+
+def bench_overhead(conn, zato, client, scale) -> list:
+    n, rounds = int(400 * scale) or 20, 7
+    for i in range(30):                     # warm up pools, scripts, a full window
+        conn.chat(f'warm {i}', chat_id='overhead')
+        zato.chat(f'warm {i}', chat_id='overhead')
+        conn.invoke('warm')
+    ping = interleaved({'ping': lambda i: client.ping()}, n * 2, rounds)['ping']
+    times = interleaved({
+        'invoke': lambda i: conn.invoke(f'message {i}'),
+        'chat': lambda i: conn.chat(f'message {i}', chat_id='overhead'),
+        'zato': lambda i: zato.chat(f'message {i}', chat_id='overhead'),
+    }, n, rounds)
+    floor = 2 * ping
+    ours, theirs = times['chat'] - times['invoke'], times['zato'] - times['invoke']
+    return [
+        ('Redis PING (one round trip)', f'{ping * 1e6:.0f} µs', '', '', None),
+        ('invoke() at zero provider latency', f'{times["invoke"] * 1e6:.0f} µs', '', '', None),
+        ('chat() − invoke(), vs two PINGs', f'{ours * 1e6:.0f} µs = {ours / floor:.2f} ×',
+         f'{theirs * 1e6:.0f} µs = {theirs / floor:.2f} ×', '≤ 1.5 ×', ours / floor <= 1.5),
+    ]
+
+
+def bench_round_trips(conn, zato) -> list:
+    calls = 50
+    with RoundTrips() as ours:
+        for i in range(calls):
+            conn.chat(f'counted {i}', chat_id='overhead')
+    with RoundTrips() as theirs:
+        for i in range(calls):
+            zato.chat(f'counted {i}', chat_id='overhead')
+    per, zper = ours.count / calls, theirs.count / calls
+    return [('Redis round trips per chat call', f'{per:.2f}', f'{zper:.2f}', '≤ 2', per <= 2)]
+
+
+def bench_long_history(conn, zato, client, scale) -> list:
+    n, rounds = int(200 * scale) or 10, 5
+    seed_llmconn(client, conn, 'short', 10)
+    seed_llmconn(client, conn, 'long', 10_000)
+    seed_llmconn(client, conn, 'thousand', 1000)
+    zato.seed('thousand', 1000)
+    times = interleaved({
+        'short': lambda i: conn.chat(f'm {i}', chat_id='short'),
+        'long': lambda i: conn.chat(f'm {i}', chat_id='long'),
+    }, n, rounds)
+    # Zato's blob grows by one turn per call; re-seed between blocks so both stay at ~1000 turns.
+    at_1000 = {'ours': [], 'zato': []}
+    for _ in range(rounds):
+        seed_llmconn(client, conn, 'thousand', 1000)
+        zato.seed('thousand', 1000)
+        at_1000['ours'].append(per_call(lambda i: conn.chat(f'm {i}', chat_id='thousand'), n))
+        at_1000['zato'].append(per_call(lambda i: zato.chat(f'm {i}', chat_id='thousand'), n))
+    ours, theirs = statistics.median(at_1000['ours']), statistics.median(at_1000['zato'])
+    long_ratio = times['long'] / times['short']
+    return [
+        ('chat() with 10,000 stored turns vs 10', f'{long_ratio:.2f} ×', '', '≤ 1.1 ×', long_ratio <= 1.1),
+        ('chat() at 1,000 stored turns', f'{ours * 1e6:.0f} µs', f'{theirs * 1e6:.0f} µs',
+         '≥ 2 × faster', theirs / ours >= 2),
+        ('  speed-up over the baseline at 1,000 turns', f'{theirs / ours:.1f} ×', '', '', None),
+    ]
+
+
+def bench_handoff(conn, zato, provider) -> list:
+    provider.set_latency(0.05)
+    try:
+        ideal = 20 * 0.05
+        ours = together(20, lambda i: conn.chat(f'h {i}', chat_id='handoff'))
+        theirs = together(20, lambda i: zato.chat(f'h {i}', chat_id='handoff'))
+    finally:
+        provider.set_latency(0)
+    return [('20 concurrent calls on one chat, 50 ms provider', f'{ours:.3f} s = {ours / ideal:.3f} × ideal',
+             f'{theirs:.3f} s = {theirs / ideal:.3f} ×', '≤ 1.05 × 1.0 s', ours / ideal <= 1.05)]
+
+
+def bench_many_chats(conn, provider, scale) -> list:
+    concurrency, total = 500, int(5000 * scale) or 500
+    session = requests.Session()
+    session.mount('http://', HTTPAdapter(pool_connections=1, pool_maxsize=concurrency))
+    url, headers = conn.provider.url(), conn._headers
+    body = conn.provider.build_request(Request('raw request'))
+
+    def raw_worker(w):
+        for _ in range(total // concurrency):
+            session.post(url, data=json.dumps(body), headers=headers).json()
+
+    def chat_worker(w):
+        for i in range(total // concurrency):
+            conn.chat(f'many {i}', chat_id=f'many-{w}')
+
+    together(concurrency, raw_worker)        # warm both pools
+    together(concurrency, chat_worker)
+    raw_rate = total / together(concurrency, raw_worker)
+    chat_rate = total / together(concurrency, chat_worker)
+    ratio = chat_rate / raw_rate
+    return [('500 concurrent distinct chats, throughput', f'{chat_rate:.0f}/s = {ratio:.2f} × raw requests',
+             f'raw requests {raw_rate:.0f}/s', '≥ 0.8 ×', ratio >= 0.8)]
+
+
+def print_table(rows, redis_url) -> None:
+    print(f'\nllmconn benchmark — Redis {redis_url}, fake provider on loopback, gevent-patched, '
+          f'{time.strftime("%Y-%m-%d")}\n')
+    widths = [max(len(str(r[i])) for r in rows + [('figure', 'llmconn', 'Zato-style baseline', 'target')])
+              for i in range(4)]
+    header = ('figure', 'llmconn', 'Zato-style baseline', 'target', 'met')
+    print('  '.join(h.ljust(w) for h, w in zip(header, widths + [3])))
+    for figure, ours, theirs, target, met in rows:
+        verdict = '' if met is None else ('yes' if met else 'NO')
+        print('  '.join(str(v).ljust(w) for v, w in zip((figure, ours, theirs, target, verdict), widths + [3])))
+
+
+if __name__ == '__main__':
+    sys.exit(main())
