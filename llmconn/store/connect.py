@@ -1,0 +1,112 @@
+"""From a ``redis.url`` to a :class:`ChatStore`, without touching the network.
+
+``redis://``, ``rediss://`` (TLS) and ``unix://`` URLs go to redis-py;
+``memory://`` is an embedded store (fakeredis with Lua) living in this
+process only. Nothing connects here: the registry loads while Redis is down,
+and the first command connects.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from llmconn.errors import ConfigError
+from llmconn.store.history import ChatStore
+
+logger = logging.getLogger('llmconn.store')
+
+MEMORY_SCHEME = 'memory'
+REDIS_SCHEMES = ('redis', 'rediss', 'unix')
+
+# Enough for one connection per greenlet of a busy gevent server, plus
+# waiters, which hold a connection while blocked in BLPOP.
+MAX_CONNECTIONS = 1000
+
+# How long a call waits for a free pooled connection when all are in use.
+POOL_WAIT = 5.0
+
+# A Redis that does not accept a connection fails the call quickly.
+CONNECT_TIMEOUT = 2.0
+
+# Longer than a waiter's BLPOP (history.WAKE_WAIT_CAP), or waiting would time out.
+SOCKET_TIMEOUT = 5.0
+
+# One immediate retry on a broken connection (e.g. Redis restarted under a
+# pooled socket). Every script is safe to repeat: BEGIN recognizes its own
+# token and SAVE is fenced by it, so nothing is ever written twice.
+CONNECTION_RETRIES = 1
+
+# memory:// stores by URL, so a registry reloaded in the same process keeps its history.
+_memory_servers: dict[str, Any] = {}
+_memory_lock = threading.Lock()
+_memory_warned = False
+
+
+def open_store(url: str, *, clock: Callable[[], float] | None = None) -> ChatStore:
+    """A :class:`ChatStore` for ``url``; connects lazily, on the first command."""
+    display = mask_url(url)
+    scheme = url.partition('://')[0].lower() if '://' in url else ''
+    if scheme == MEMORY_SCHEME:
+        return ChatStore(_memory_client(url), url_for_display=display, shared=False, clock=clock)
+    if scheme not in REDIS_SCHEMES:
+        raise ConfigError(f'redis.url {display!r} is not supported: use redis://, rediss:// (TLS), unix:// '
+                          f'or memory:// (one process only)')
+    try:
+        pool = redis.BlockingConnectionPool.from_url(
+            url, max_connections=MAX_CONNECTIONS, timeout=POOL_WAIT, socket_timeout=SOCKET_TIMEOUT,
+            socket_connect_timeout=CONNECT_TIMEOUT, retry=Retry(NoBackoff(), CONNECTION_RETRIES))
+    except ValueError as exc:
+        raise ConfigError(f'redis.url {display!r} is invalid: {_without_secret(str(exc), url)}') from None
+    return ChatStore(redis.Redis(connection_pool=pool), url_for_display=display, shared=True, clock=clock)
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (in the authority or a ``password=`` query field) shown as ``***``."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if parts.password is not None:
+            user_info, _, host = netloc.rpartition('@')
+            user = user_info.partition(':')[0]
+            netloc = f'{user}:***@{host}'
+        query = parts.query
+        if query:
+            fields = [(k, '***' if k.lower() == 'password' else v) for k, v in parse_qsl(query, keep_blank_values=True)]
+            query = urlencode(fields, safe='*')
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:
+        # Unparseable: show only the scheme rather than risk showing a password.
+        return url.partition('://')[0] + '://***'
+
+
+def _without_secret(message: str, url: str) -> str:
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return 'unparseable URL'
+    return message.replace(password, '***') if password else message
+
+
+def _memory_client(url: str) -> Any:
+    """A client of this process's embedded store for ``url``, warning once that it is not shared."""
+    global _memory_warned
+
+    import fakeredis      # only memory:// needs it
+
+    with _memory_lock:
+        server = _memory_servers.get(url)
+        if server is None:
+            server = _memory_servers[url] = fakeredis.FakeServer()
+        if not _memory_warned:
+            _memory_warned = True
+            logger.warning('Chat history is kept in this process only (redis.url is %s): other processes and '
+                           'servers do not see it and it is lost on restart. Set redis.url to a Redis server '
+                           'to share it.', url)
+    return fakeredis.FakeRedis(server=server)

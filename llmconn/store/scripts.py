@@ -1,0 +1,92 @@
+"""The Lua scripts behind a chat call: one atomic round trip each.
+
+A chat call costs two round trips when nobody else holds the chat: BEGIN
+(take the lock, read the window) and SAVE (append the turn, trim, expire,
+unlock, wake a waiter). RELEASE unlocks without saving (the provider failed)
+and RENEW keeps a lock alive while a long provider call runs. Every script
+that changes or releases the lock first checks that the lock still holds the
+caller's random token, so a holder whose lock expired can never release,
+renew or write over somebody else's turn (fencing).
+
+Waking a waiter without polling: a blocked caller sets the chat's ``waiting``
+flag (short expiry, refreshed on each attempt) and blocks in BLPOP on the
+chat's ``wake`` list. SAVE and RELEASE push one element there only when the
+flag exists, so the uncontended path pays one EXISTS and nothing more. The
+list is trimmed to one element and expires quickly; a stale element costs a
+waiter one extra attempt, never a wrong result.
+"""
+
+# Pushes one wake-up when somebody is waiting. Shared tail of SAVE and RELEASE.
+#   KEYS[3] - wake list, KEYS[4] - waiting flag, ARGV[n_wake_ttl] - wake list expiry (ms)
+_WAKE_ONE = """
+if redis.call('EXISTS', KEYS[4]) == 1 then
+    redis.call('LPUSH', KEYS[3], 1)
+    redis.call('LTRIM', KEYS[3], 0, 0)
+    redis.call('PEXPIRE', KEYS[3], ARGV[{n_wake_ttl}])
+end
+"""
+
+# Takes the lock and reads the window, or reports how long the holder has left.
+#   KEYS[1] - lock, KEYS[2] - turns, KEYS[3] - waiting flag
+#   ARGV[1] - our random token, ARGV[2] - lock ttl (ms), ARGV[3] - window (turns),
+#   ARGV[4] - waiting flag expiry (ms)
+# Returns {1, '[turn, ...]'} (the last ARGV[3] turns as one JSON array, oldest first)
+# or {0, pttl of the lock}. Finding our own token counts as taken, so a retried
+# call whose first reply was lost does not wait for itself.
+BEGIN = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+        or redis.call('GET', KEYS[1]) == ARGV[1] then
+    local window = tonumber(ARGV[3])
+    -- LRANGE key -0 -1 would be the whole list, so window 0 is answered here
+    if window <= 0 then
+        return {1, '[]'}
+    end
+    return {1, '[' .. table.concat(redis.call('LRANGE', KEYS[2], -window, -1), ',') .. ']'}
+end
+redis.call('SET', KEYS[3], 1, 'PX', ARGV[4])
+return {0, redis.call('PTTL', KEYS[1])}
+"""
+
+# Appends a turn and releases the lock, if the lock is still ours.
+#   KEYS[1] - lock, KEYS[2] - turns, KEYS[3] - wake list, KEYS[4] - waiting flag
+#   ARGV[1] - our token, ARGV[2] - the turn as JSON, ARGV[3] - max stored turns,
+#   ARGV[4] - chat expiry (s), ARGV[5] - wake list expiry (ms)
+# Returns 1 when saved, 0 when the lock was no longer ours (nothing written).
+SAVE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+local max_turns = tonumber(ARGV[3])
+if redis.call('RPUSH', KEYS[2], ARGV[2]) > max_turns then
+    redis.call('LTRIM', KEYS[2], -max_turns, -1)
+end
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+redis.call('DEL', KEYS[1])
+""" + _WAKE_ONE.format(n_wake_ttl=5) + """
+return 1
+"""
+
+# Releases the lock without saving, if it is still ours.
+#   KEYS[1] - lock, KEYS[2] - unused (keeps KEYS positions equal to SAVE),
+#   KEYS[3] - wake list, KEYS[4] - waiting flag
+#   ARGV[1] - our token, ARGV[2] - wake list expiry (ms)
+# Returns 1 when released, 0 when the lock was no longer ours.
+RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+redis.call('DEL', KEYS[1])
+""" + _WAKE_ONE.format(n_wake_ttl=2) + """
+return 1
+"""
+
+# Extends the lock, if it is still ours.
+#   KEYS[1] - lock
+#   ARGV[1] - our token, ARGV[2] - lock ttl (ms)
+# Returns 1 when extended, 0 when the lock was no longer ours.
+RENEW = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+"""
