@@ -1,0 +1,160 @@
+"""OpenAI Responses API (``POST {address}/responses``), stateless or stateful.
+
+``state: local`` (the default) sends ``store: false`` and replays the chat
+window as input items. ``state: provider`` sends ``store: true`` and, when
+the connection gives a ``previous_response_id``, only the new user message;
+without one (a new chain) the window is replayed as in local mode.
+
+Reasoning models pair each reasoning item with the output message that
+followed it, by id: a reasoning item replayed without its message (or the
+reverse) is rejected. So when a reply carries reasoning, the turn's opaque
+items are the reply's whole ``output`` list, verbatim, and replaying the turn
+means sending those items instead of a plain assistant message. Without
+``store`` a reasoning item is only usable with its ``encrypted_content``,
+which is asked for (``include``) when the call sets ``reasoning``. Asking
+always would break non-reasoning models (gpt-4o, gpt-4.1 answer 400
+"Encrypted content is not supported with this model"), so a local-mode reply
+whose reasoning came back without it keeps no items and replays as text.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator
+
+from llmconn.errors import InvalidInput
+from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, Provider
+from llmconn.providers.openai import check_reserved, error_text, json_event
+from llmconn.types import Event, Reply, Request, Turn
+
+ENCRYPTED_REASONING = 'reasoning.encrypted_content'
+
+# Several reasoning summaries read as paragraphs, streamed and unstreamed alike.
+THINKING_SEPARATOR = '\n\n'
+
+# Events that end a stream with a response to parse; ``incomplete`` is a partial answer (max_output_tokens).
+_final_events = ('response.completed', 'response.incomplete')
+_text_deltas = ('response.output_text.delta', 'response.refusal.delta')
+
+RESERVED_PARAMS = frozenset({'model', 'input', 'instructions', 'stream', 'store', 'previous_response_id'})
+
+
+class OpenAIResponsesProvider(Provider):
+    """OpenAI Responses, replaying reasoning items or continuing a provider-side chain."""
+
+    name = 'openai-responses'
+    default_address = 'https://api.openai.com/v1'
+    capabilities = frozenset({STREAM, SYSTEM, REASONING_REPLAY, STATEFUL})
+
+    @classmethod
+    def check_config(cls, conf) -> None:
+        super().check_config(conf)
+        check_reserved(RESERVED_PARAMS, conf.params, ValueError)
+
+    @property
+    def mode(self) -> str:
+        return self.conf.state
+
+    def url(self, stream: bool = False) -> str:
+        return f'{self.conf.address}/responses'
+
+    def ping_url(self) -> str:
+        return f'{self.conf.address}/models'
+
+    def headers(self) -> dict[str, str]:
+        headers = {'content-type': 'application/json'}
+        if self.conf.secret_value:
+            headers['authorization'] = f'Bearer {self.conf.secret_value}'
+        return headers
+
+    def body_params(self, request: Request) -> dict[str, Any]:
+        params = super().body_params(request)
+        check_reserved(RESERVED_PARAMS, params, InvalidInput)
+        return params
+
+    # ---- request
+
+    def build_request(self, request: Request) -> dict[str, Any]:
+        stateful = self.conf.state == 'provider'
+        items: list[dict[str, Any]] = []
+        if not (stateful and request.previous_response_id):
+            for turn in request.history:
+                items.append({'role': 'user', 'content': turn.user})
+                items.extend(self._assistant_items(turn))
+        items.append({'role': 'user', 'content': request.text})
+
+        body: dict[str, Any] = {'model': self.conf.model}
+        # Instructions are not carried along a chain: they go with every call.
+        if request.system:
+            body['instructions'] = request.system
+        body['input'] = items
+        body['max_output_tokens'] = self.conf.max_tokens
+        body['store'] = stateful
+        if stateful and request.previous_response_id:
+            body['previous_response_id'] = request.previous_response_id
+        if request.stream:
+            body['stream'] = True
+        params = self.body_params(request)
+        if not stateful and 'reasoning' in params and 'include' not in params:
+            body['include'] = [ENCRYPTED_REASONING]
+        body.update(params)
+        return body
+
+    def _assistant_items(self, turn: Turn) -> list[dict[str, Any]]:
+        if self.replays_items(turn):
+            return list(turn.items)     # reasoning and message items exactly as the reply gave them
+        return [{'role': 'assistant', 'content': turn.assistant}]
+
+    # ---- response
+
+    def parse_response(self, body: Any) -> Reply:
+        if not isinstance(body, dict) or 'output' not in body:
+            raise self.error(f'the provider answered with something that is not a response: {error_text(body)}',
+                             body)
+        if body.get('error') or body.get('status') == 'failed':
+            raise self.error(f'the response failed: {error_text(body)}; try again', body)
+        output = body.get('output') or []
+        text, thinking = [], []
+        for item in output:
+            if item.get('type') == 'message':
+                text += [p.get('text') or p.get('refusal') or '' for p in item.get('content') or ()]
+            elif item.get('type') == 'reasoning':
+                thinking += [s.get('text', '') for s in item.get('summary') or ()]
+        usage = body.get('usage') or {}
+        return Reply(text=''.join(text), input_tokens=usage.get('input_tokens') or 0,
+                     output_tokens=usage.get('output_tokens') or 0, raw=body,
+                     thinking=THINKING_SEPARATOR.join(t for t in thinking if t),
+                     items=self._replayable(output), response_id=body.get('id') or '',
+                     model=body.get('model') or '')
+
+    def _replayable(self, output: list) -> tuple:
+        reasoning = [i for i in output if i.get('type') == 'reasoning']
+        if not reasoning:
+            return ()
+        # Without store, the provider keeps nothing: a reasoning item is only usable with its encrypted content.
+        if self.conf.state == 'local' and not all(i.get('encrypted_content') for i in reasoning):
+            return ()
+        return tuple(output)
+
+    def parse_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
+        last_summary = None
+        for sse in events:
+            data = json_event(self, sse)
+            kind = data.get('type') or sse.event
+            if kind in _text_deltas and data.get('delta'):
+                yield Event('text', text=data['delta'])
+            elif kind == 'response.reasoning_summary_text.delta' and data.get('delta'):
+                summary = (data.get('item_id'), data.get('summary_index'))
+                if last_summary is not None and summary != last_summary:
+                    yield Event('thinking', text=THINKING_SEPARATOR)
+                last_summary = summary
+                yield Event('thinking', text=data['delta'])
+            elif kind in _final_events:
+                yield self.done(self.parse_response(data.get('response')))
+                return
+            elif kind == 'response.failed':
+                response = data.get('response') or {}
+                raise self.error(f'the response failed: {error_text(response)}; try again', response)
+            elif kind == 'error':
+                raise self.error(f'the provider reported an error mid-stream: {data.get("message")}; '
+                                 f'the reply was not saved, try again', data)
+        raise self.error('the stream ended before response.completed, so the reply is incomplete; try again')
