@@ -19,6 +19,7 @@ from typing import Any, Iterable, Iterator
 
 from llmconn.errors import InvalidInput
 from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, Provider
+from llmconn.providers.openai import check_reserved, json_event
 from llmconn.types import Event, Reply, Request, Turn
 
 ANTHROPIC_VERSION = '2023-06-01'
@@ -29,8 +30,9 @@ _thinking_types = ('thinking', 'redacted_thinking')
 # Several thinking blocks read as paragraphs, streamed and unstreamed alike.
 THINKING_SEPARATOR = '\n\n'
 
-# Body keys this mapping owns: a param setting them would break the chat or mislabel its items.
-_reserved = frozenset({'model', 'messages', 'system', 'stream', 'thinking'})
+# Body keys this mapping owns: a param setting them would break the chat or mislabel its items
+# (thinking belongs in the connection, so the tag on stored thinking blocks stays true).
+RESERVED_PARAMS = frozenset({'model', 'messages', 'system', 'stream', 'thinking'})
 
 
 class ClaudeProvider(Provider):
@@ -43,10 +45,7 @@ class ClaudeProvider(Provider):
     @classmethod
     def check_config(cls, conf) -> None:
         super().check_config(conf)
-        clash = sorted(_reserved & conf.params.keys())
-        if clash:
-            raise ValueError(f'field "params": {", ".join(clash)} is set by llmconn '
-                             f'(use model, thinking and skills instead); remove it from params')
+        check_reserved(RESERVED_PARAMS, conf.params, ValueError)
 
     @property
     def mode(self) -> str:
@@ -66,10 +65,7 @@ class ClaudeProvider(Provider):
 
     def body_params(self, request: Request) -> dict[str, Any]:
         params = super().body_params(request)
-        clash = sorted(_reserved & params.keys())
-        if clash:
-            raise InvalidInput(f'{", ".join(clash)} cannot be a per-call param of connection '
-                               f'"{self.conf.name}"; llmconn sets it from the configuration')
+        check_reserved(RESERVED_PARAMS, params, InvalidInput)
         return params
 
     # ---- request
@@ -118,7 +114,7 @@ class ClaudeProvider(Provider):
     def parse_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
         state = _StreamState()
         for sse in events:
-            data = self._event_data(sse)
+            data = json_event(self, sse)
             kind = data.get('type') or sse.event
             if kind == 'error':
                 raise self.error(f'Claude reported an error mid-stream: {_error_message(data)}; '
@@ -131,16 +127,6 @@ class ClaudeProvider(Provider):
             yield from state.apply(kind, data)
         raise self.error('the Claude stream ended before message_stop, so the reply is incomplete; '
                          'try again', state.message)
-
-    def _event_data(self, sse: SSE) -> dict:
-        try:
-            data = json.loads(sse.data)
-        except ValueError:
-            raise self.error('Claude sent a stream event that is not JSON; check the address points at '
-                             'the Anthropic API', sse.data) from None
-        if not isinstance(data, dict):
-            raise self.error('Claude sent a stream event that is not a JSON object', data)
-        return data
 
 
 class _StreamState:
