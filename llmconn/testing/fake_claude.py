@@ -1,0 +1,157 @@
+"""The fake Anthropic Messages API: ``POST /v1/messages`` and ``GET /v1/models``.
+
+Thinking: when the request enables ``thinking`` and the last user text starts
+with ``think:``, the reply opens with a ``thinking`` block whose ``signature``
+this server computed; ``redact:`` gives a ``redacted_thinking`` block instead.
+Replayed thinking blocks are checked as the real API checks them: an altered
+or foreign signature (or redacted ``data``) is a 400.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmconn.testing.fake_common import (
+    REDACT_PREFIX, THINK_PREFIX, ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id, now,
+    reply_text, require_json_object, text_chunks)
+
+NAME = 'claude'
+MODELS = ('claude-sonnet-4-5', 'claude-haiku-4-5', 'claude-opus-4-1')
+_THINKING_TYPES = ('enabled', 'adaptive')
+
+_ERROR_TYPES = {
+    400: 'invalid_request_error', 401: 'authentication_error', 403: 'permission_error',
+    404: 'not_found_error', 413: 'request_too_large', 429: 'rate_limit_error',
+    500: 'api_error', 504: 'timeout_error', 529: 'overloaded_error',
+}
+
+
+def error_body(status: int, message: str = '') -> dict:
+    kind = _ERROR_TYPES.get(status, 'api_error' if status >= 500 else 'invalid_request_error')
+    return {'type': 'error', 'error': {'type': kind, 'message': message or kind.replace('_', ' ')}}
+
+
+def error(status: int, message: str) -> ApiError:
+    return ApiError(status, error_body(status, message))
+
+
+def auth_ok(call: Call, api_key: str) -> bool:
+    return call.headers.get('x-api-key') == api_key
+
+
+def models(call: Call) -> JSONAnswer:
+    data = [{'type': 'model', 'id': m, 'display_name': m, 'created_at': '2025-01-01T00:00:00Z'}
+            for m in MODELS]
+    return JSONAnswer(200, {'data': data, 'has_more': False, 'first_id': MODELS[0], 'last_id': MODELS[-1]})
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return '\n'.join(b.get('text', '') for b in content if isinstance(b, dict) and b.get('type') == 'text')
+    return ''
+
+
+def _validate(body: dict, call: Call) -> list:
+    if 'anthropic-version' not in call.headers:
+        raise error(400, 'anthropic-version: header is required')
+    if not body.get('model'):
+        raise error(400, 'model: Field required')
+    if 'max_tokens' not in body:
+        raise error(400, 'max_tokens: Field required')
+    messages = body.get('messages')
+    if not isinstance(messages, list) or not messages:
+        raise error(400, 'messages: at least one message is required')
+    expected = 'user'
+    for i, message in enumerate(messages):
+        role = message.get('role') if isinstance(message, dict) else None
+        if role not in ('user', 'assistant'):
+            raise error(400, f'messages.{i}.role: Input should be \'user\' or \'assistant\'')
+        if role != expected:
+            raise error(400, f'messages: roles must alternate between "user" and "assistant", '
+                             f'starting with "user"; message {i} is "{role}"')
+        expected = 'assistant' if role == 'user' else 'user'
+    return messages
+
+
+def _check_replayed_thinking(messages: list, signer) -> None:
+    for i, message in enumerate(messages):
+        content = message.get('content')
+        if message['role'] != 'assistant' or not isinstance(content, list):
+            continue
+        for j, block in enumerate(content):
+            kind = block.get('type') if isinstance(block, dict) else None
+            if kind == 'thinking' and not signer.verify(block.get('thinking'), block.get('signature')):
+                raise error(400, f'messages.{i}.content.{j}: Invalid `signature` in `thinking` block')
+            if kind == 'redacted_thinking' and signer.unseal(block.get('data')) is None:
+                raise error(400, f'messages.{i}.content.{j}: Invalid `data` in `redacted_thinking` block')
+
+
+def _thinking_blocks(body: dict, last_user: str, signer) -> list:
+    thinking = body.get('thinking')
+    if not isinstance(thinking, dict) or thinking.get('type') not in _THINKING_TYPES:
+        return []
+    if last_user.startswith(THINK_PREFIX):
+        text = f'The user asked: {last_user[len(THINK_PREFIX):].strip()}. I will echo it.'
+        return [{'type': 'thinking', 'thinking': text, 'signature': signer.sign(text)}]
+    if last_user.startswith(REDACT_PREFIX):
+        return [{'type': 'redacted_thinking', 'data': signer.seal(f'hidden reasoning: {last_user}')}]
+    return []
+
+
+def messages(call: Call) -> JSONAnswer | StreamAnswer:
+    body = require_json_object(call, error)
+    history = _validate(body, call)
+    _check_replayed_thinking(history, call.state.signer)
+    users = [_text_of(m.get('content')) for m in history if m['role'] == 'user']
+    system = _text_of(body.get('system'))
+    text = reply_text(users, bool(system))
+    content = _thinking_blocks(body, users[-1], call.state.signer) + [{'type': 'text', 'text': text}]
+    input_tokens = count_words(system, *(_text_of(m.get('content')) for m in history))
+    message = {
+        'id': new_id('msg_'), 'type': 'message', 'role': 'assistant', 'model': body['model'],
+        'content': content, 'stop_reason': 'end_turn', 'stop_sequence': None,
+        'usage': {'input_tokens': input_tokens, 'output_tokens': count_words(text),
+                  'cache_creation_input_tokens': 0, 'cache_read_input_tokens': 0},
+    }
+    if body.get('stream'):
+        return _stream(message)
+    return JSONAnswer(200, message)
+
+
+def _block_events(index: int, block: dict) -> list:
+    kind = block['type']
+    if kind == 'redacted_thinking':
+        deltas = []
+        start = block
+    elif kind == 'thinking':
+        deltas = [{'type': 'thinking_delta', 'thinking': t} for t in text_chunks(block['thinking'])]
+        deltas.append({'type': 'signature_delta', 'signature': block['signature']})
+        start = {'type': 'thinking', 'thinking': '', 'signature': ''}
+    else:
+        deltas = [{'type': 'text_delta', 'text': t} for t in text_chunks(block['text'])]
+        start = {'type': 'text', 'text': ''}
+    events = [('content_block_start', {'type': 'content_block_start', 'index': index, 'content_block': start})]
+    events += [('content_block_delta', {'type': 'content_block_delta', 'index': index, 'delta': d})
+               for d in deltas]
+    events.append(('content_block_stop', {'type': 'content_block_stop', 'index': index}))
+    return events
+
+
+def _stream(message: dict) -> StreamAnswer:
+    usage = message['usage']
+    # The real stream reports a token or so of output up front; the total comes in message_delta.
+    opening = dict(message, content=[], stop_reason=None, usage=dict(usage, output_tokens=1))
+    events = [('message_start', {'type': 'message_start', 'message': opening})]
+    for index, block in enumerate(message['content']):
+        events += _block_events(index, block)
+        if index == 0:
+            events.insert(2, ('ping', {'type': 'ping'}))
+    events.append(('message_delta', {'type': 'message_delta',
+                                     'delta': {'stop_reason': 'end_turn', 'stop_sequence': None},
+                                     'usage': {'output_tokens': usage['output_tokens']}}))
+    events.append(('message_stop', {'type': 'message_stop'}))
+    first = next(i for i, (name, _) in enumerate(events) if name == 'content_block_delta')
+    failure = [('error', error_body(529, 'Overloaded'))]
+    return StreamAnswer(events, first, failure)

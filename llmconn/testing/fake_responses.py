@@ -1,0 +1,182 @@
+"""The fake OpenAI Responses API: ``POST /v1/responses``, ``GET``/``DELETE /v1/responses/{id}``.
+
+Stateful like the real one: unless ``store`` is false, each response is kept
+and ``previous_response_id`` continues its conversation (the echo counts the
+user messages of the whole chain). A request with ``reasoning`` gets a
+reasoning item with a summary first; ``include: ["reasoning.encrypted_content"]``
+adds a sealed ``encrypted_content`` that is verified when replayed. A
+replayed reasoning item without it must name an item this server stored.
+"""
+
+from __future__ import annotations
+
+from llmconn.testing.fake_common import (
+    ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id, now, numbered, reply_text,
+    require_json_object, text_chunks)
+from llmconn.testing.fake_openai import SYSTEM_ROLES, content_text, empty_array, error, missing
+
+ROLES = ('user', 'assistant', 'system', 'developer')
+ENCRYPTED_REASONING = 'reasoning.encrypted_content'
+
+
+def _previous(call: Call, body: dict) -> dict | None:
+    previous_id = body.get('previous_response_id')
+    if not previous_id:
+        return None
+    record = call.state.responses.get(previous_id)
+    if record is None:
+        raise error(400, f"Previous response with id '{previous_id}' not found.", 'previous_response_id',
+                    'previous_response_not_found')
+    return record
+
+
+def _check_reasoning_item(call: Call, item: dict) -> None:
+    if 'encrypted_content' in item and item['encrypted_content'] is not None:
+        if call.state.signer.unseal(item['encrypted_content']) is None:
+            raise error(400, f"The encrypted content for item {item.get('id')} could not be verified.",
+                        None, 'invalid_encrypted_content')
+    elif item.get('id') not in call.state.items:
+        raise error(404, f"Item with id '{item.get('id')}' not found. Items are not persisted when "
+                         f'`store` is set to false. Try again with `store` set to true, or remove this '
+                         f'item from your input.', 'input')
+
+
+def _input_messages(call: Call, body: dict) -> list[tuple[str, str]]:
+    """``(role, text)`` of every input message; replayed reasoning items are verified."""
+    raw = body['input']
+    if isinstance(raw, str):
+        return [('user', raw)]
+    if not isinstance(raw, list):
+        raise error(400, "Invalid type for 'input': expected a string or an array.", 'input', 'invalid_type')
+    messages = []
+    for i, item in enumerate(raw):
+        kind = item.get('type', 'message') if isinstance(item, dict) else None
+        if kind == 'reasoning':
+            _check_reasoning_item(call, item)
+        elif kind == 'message':
+            role = item.get('role')
+            if role not in ROLES:
+                raise error(400, f"Invalid value: '{role}'. Supported values are: 'user', 'assistant', "
+                                 f"'system', and 'developer'.", f'input[{i}].role', 'invalid_value')
+            messages.append((role, content_text(item.get('content'))))
+        elif kind is None:
+            raise error(400, f"Invalid type for 'input[{i}]': expected an object.", f'input[{i}]',
+                        'invalid_type')
+    return messages
+
+
+def _output(body: dict, text: str, last_user: str, signer) -> list:
+    output = []
+    if body.get('reasoning') is not None:
+        summary = f'Reasoning about: {last_user}'
+        item = {'id': new_id('rs_'), 'type': 'reasoning',
+                'summary': [{'type': 'summary_text', 'text': summary}]}
+        if ENCRYPTED_REASONING in (body.get('include') or ()):
+            item['encrypted_content'] = signer.seal(summary)
+        output.append(item)
+    part = {'type': 'output_text', 'text': text, 'annotations': [], 'logprobs': []}
+    output.append({'id': new_id('msg_'), 'type': 'message', 'role': 'assistant', 'status': 'completed',
+                   'content': [part]})
+    return output
+
+
+def _usage(input_tokens: int, output_tokens: int, reasoning_tokens: int) -> dict:
+    return {'input_tokens': input_tokens, 'input_tokens_details': {'cached_tokens': 0},
+            'output_tokens': output_tokens, 'output_tokens_details': {'reasoning_tokens': reasoning_tokens},
+            'total_tokens': input_tokens + output_tokens}
+
+
+def _validate(body: dict) -> None:
+    if not body.get('model'):
+        raise missing('model')
+    if 'input' not in body:
+        raise missing('input')
+    if body['input'] == [] or body['input'] == '':
+        raise empty_array('input')
+
+
+def responses(call: Call) -> JSONAnswer | StreamAnswer:
+    body = require_json_object(call, error)
+    _validate(body)
+    previous = _previous(call, body)
+    current = _input_messages(call, body)
+    context = (previous['context'] if previous else []) + current
+    users = [text for role, text in context if role == 'user']
+    instructions = body.get('instructions') or ''
+    text = reply_text(users, bool(instructions) or any(t for r, t in current if r in SYSTEM_ROLES))
+    output = _output(body, text, users[-1] if users else '', call.state.signer)
+    reasoning_tokens = sum(count_words(s['text']) for o in output for s in o.get('summary', ()))
+    usage = _usage(count_words(instructions, *(t for _, t in context)), count_words(text), reasoning_tokens)
+    response = {
+        'id': new_id('resp_'), 'object': 'response', 'created_at': now(), 'completed_at': now(),
+        'status': 'completed', 'error': None, 'incomplete_details': None, 'instructions': body.get('instructions'),
+        'max_output_tokens': body.get('max_output_tokens'), 'model': body['model'], 'output': output,
+        'parallel_tool_calls': True, 'previous_response_id': body.get('previous_response_id'),
+        'reasoning': body.get('reasoning') or {'effort': None, 'summary': None},
+        'store': body.get('store') is not False, 'temperature': 1.0, 'text': {'format': {'type': 'text'}},
+        'tool_choice': 'auto', 'tools': [], 'top_p': 1.0, 'truncation': 'disabled', 'usage': usage,
+        'metadata': body.get('metadata') or {},
+    }
+    if response['store']:
+        call.state.responses[response['id']] = {'response': response, 'context': context + [('assistant', text)]}
+        call.state.items.update(item['id'] for item in output)
+    if body.get('stream'):
+        return _stream(response)
+    return JSONAnswer(200, response)
+
+
+def stored(call: Call) -> JSONAnswer:
+    """``GET`` a stored response, or ``DELETE`` it."""
+    response_id = call.params['response_id']
+    record = call.state.responses.get(response_id)
+    if record is None:
+        raise error(404, f"No response found with id '{response_id}'.")
+    if call.method == 'DELETE':
+        del call.state.responses[response_id]
+        return JSONAnswer(200, {'id': response_id, 'object': 'response.deleted', 'deleted': True})
+    return JSONAnswer(200, record['response'])
+
+
+def _event(name: str, **fields) -> tuple[str, dict]:
+    return name, dict(type=name, **fields)
+
+
+def _reasoning_events(index: int, item: dict) -> list:
+    where = {'item_id': item['id'], 'output_index': index, 'summary_index': 0}
+    summary = item['summary'][0]['text']
+    events = [_event('response.output_item.added', output_index=index,
+                     item={'id': item['id'], 'type': 'reasoning', 'summary': []}),
+              _event('response.reasoning_summary_part.added', part={'type': 'summary_text', 'text': ''}, **where)]
+    events += [_event('response.reasoning_summary_text.delta', delta=d, **where) for d in text_chunks(summary)]
+    events += [_event('response.reasoning_summary_text.done', text=summary, **where),
+               _event('response.reasoning_summary_part.done', part=item['summary'][0], **where),
+               _event('response.output_item.done', output_index=index, item=item)]
+    return events
+
+
+def _message_events(index: int, item: dict) -> list:
+    where = {'item_id': item['id'], 'output_index': index, 'content_index': 0}
+    part = item['content'][0]
+    events = [_event('response.output_item.added', output_index=index,
+                     item=dict(item, status='in_progress', content=[])),
+              _event('response.content_part.added', part=dict(part, text=''), **where)]
+    events += [_event('response.output_text.delta', delta=d, logprobs=[], **where)
+               for d in text_chunks(part['text'])]
+    events += [_event('response.output_text.done', text=part['text'], logprobs=[], **where),
+               _event('response.content_part.done', part=part, **where),
+               _event('response.output_item.done', output_index=index, item=item)]
+    return events
+
+
+def _stream(response: dict) -> StreamAnswer:
+    pending = dict(response, status='in_progress', output=[], usage=None, completed_at=None)
+    events = [_event('response.created', response=pending), _event('response.in_progress', response=pending)]
+    for index, item in enumerate(response['output']):
+        events += (_reasoning_events if item['type'] == 'reasoning' else _message_events)(index, item)
+    events.append(_event('response.completed', response=response))
+    events = numbered(events)
+    first = next(i for i, (name, _) in enumerate(events) if name.endswith('.delta'))
+    failed = dict(pending, status='failed',
+                  error={'code': 'server_error', 'message': 'The model failed to generate a response.'})
+    failure = numbered([_event('response.failed', response=failed)], first + 1)
+    return StreamAnswer(events, first, failure)
