@@ -74,8 +74,14 @@ def run_serve(args: argparse.Namespace) -> int:
     # Not patched yet, and requests/redis are already imported: start over in a clean interpreter.
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, '-c', _BOOT, *_argv(args, reuse_port=args.reuse_port)])
+    command = serve_command(_argv(args, reuse_port=args.reuse_port))
+    os.execv(command[0], command)
     return 1    # not reached
+
+
+def serve_command(argv: list[str]) -> list[str]:
+    """The command line of one server process (gevent patched first), e.g. for ``subprocess``."""
+    return [sys.executable, '-c', _BOOT, *argv]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,7 +155,7 @@ def listen(host: str, port: int, reuse_port: bool = False):
 
 def _supervise(args: argparse.Namespace) -> int:
     """N worker processes on one port; SIGTERM/SIGINT are passed on, a dead worker is restarted."""
-    argv = [sys.executable, '-c', _BOOT, *_argv(args, reuse_port=True)]
+    argv = serve_command(_argv(args, reuse_port=True))
     workers = [(subprocess.Popen(argv), mod_time.monotonic()) for _ in range(args.workers)]
     stopping = False
 

@@ -66,7 +66,11 @@ class App:
         if name in ('health', 'services'):
             if method != 'GET':
                 raise HTTPFailure(405, f'use GET for /{name}', [('Allow', 'GET')])
-            return _json(200, self._health() if name == 'health' else self._services())
+            if name == 'services':
+                return _json(200, self._services())
+            health = self._health()
+            # Load balancers read the status: a server whose store is down cannot serve chats.
+            return _json(200 if health['status'] == 'ok' else 503, health)
         if not name:
             raise HTTPFailure(404, 'POST /<service-name> to call a service; GET /services lists them')
         cls = self.host.get_service(name)
