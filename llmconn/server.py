@@ -35,6 +35,7 @@ DEFAULT_HOST = '127.0.0.1'        # never exposed beyond the machine unless aske
 DEFAULT_PORT = 17010
 SHUTDOWN_GRACE = 30.0             # seconds in-flight requests get to finish after SIGTERM
 LISTEN_BACKLOG = 1024
+DRAIN_POLL = 0.05                 # how often shutdown looks whether in-flight requests are done
 RESPAWN_DELAY = 1.0               # a worker that died is restarted after this long...
 STARTUP_WINDOW = 5.0              # ...unless it died this soon after starting: then it cannot start at all
 
@@ -100,6 +101,8 @@ def _argv(args: argparse.Namespace, reuse_port: bool) -> list[str]:
 def _serve(args: argparse.Namespace) -> int:
     """One worker: load, deploy, listen, and stop gracefully on SIGTERM or SIGINT."""
     import gevent
+    import gevent.event
+    from gevent.pool import Pool
     from gevent.pywsgi import WSGIServer
 
     from llmconn.deploy import Host
@@ -114,22 +117,41 @@ def _serve(args: argparse.Namespace) -> int:
         print(f'error: {e}', file=sys.stderr)
         return 1
     host.start()
-    server = WSGIServer(listener, App(host), log=None, error_log=logger)
+    app = App(host)
+    server = WSGIServer(listener, app, spawn=Pool(), log=None, error_log=logger)
+    stopped = gevent.event.Event()
 
     def stop(signum: int) -> None:
+        if app.draining:
+            return
         logger.info('Got signal %d: no new connections; in-flight requests get %gs to finish', signum, args.grace)
-        gevent.spawn(server.stop, timeout=args.grace)
+        app.draining = True
+        server.close()
+        gevent.spawn(_drain, app, server.pool, args.grace).link(lambda _: stopped.set())
 
     gevent.signal_handler(signal.SIGTERM, stop, signal.SIGTERM)
     gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)
+    server.start()
     logger.info('Serving %d service(s) from %s on http://%s:%d (config %s)', len(host.deployer.services),
                 host.deployer.dir, args.host, args.port, args.config)
     try:
-        server.serve_forever()
+        stopped.wait()
     finally:
-        host.close()
+        host.close()        # after the requests: their chat locks are released by now
     logger.info('Stopped')
     return 0
+
+
+def _drain(app, pool, grace: float) -> None:
+    """Wait for responses in progress; then close idle keep-alive connections (and any straggler)."""
+    import gevent
+
+    deadline = mod_time.monotonic() + grace
+    while app.active > 0 and mod_time.monotonic() < deadline:
+        gevent.sleep(DRAIN_POLL)
+    if app.active > 0:
+        logger.warning('%d request(s) still running after %gs; stopping them', app.active, grace)
+    pool.kill(timeout=1)
 
 
 def listen(host: str, port: int, reuse_port: bool = False):

@@ -46,19 +46,27 @@ class App:
 
     def __init__(self, host: Any) -> None:
         self.host = host
+        self.active = 0             # requests whose response is not fully sent yet
+        self.draining = False       # set on shutdown: answer, then close the connection
 
     def __call__(self, environ: dict, start_response) -> Iterable[bytes]:
         cid = new_cid()
         started = mod_time.perf_counter()
         method, path = environ['REQUEST_METHOD'], environ.get('PATH_INFO') or '/'
+        self.active += 1
         try:
             status, headers, body = self._dispatch(environ, method, path, cid)
         except Exception as e:
             status, headers, body = error_response(e, cid, f'{method} {path}')
         headers.append((CID_HEADER, cid))
+        if self.draining:
+            headers.append(('Connection', 'close'))
         start_response(_status_line(status), headers)
         logger.info('%s %s %d %.1fms cid=%s', method, path, status, (mod_time.perf_counter() - started) * 1000, cid)
-        return body
+        return _Tracked(body, self._finished)
+
+    def _finished(self) -> None:
+        self.active -= 1
 
     def _dispatch(self, environ: dict, method: str, path: str, cid: str) -> tuple:
         self._check_api_key(environ)
@@ -127,6 +135,25 @@ class App:
                              for d in deployed],
                 'files': self.host.deployer.status(),
                 'config': self.host.config.status() if self.host.config else None}
+
+
+class _Tracked:
+    """A response body that reports when the server is done with it (sent, or the client left)."""
+
+    def __init__(self, body: Iterable[bytes], on_close) -> None:
+        self.body = body
+        self.on_close = on_close
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.body)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self.body, 'close', None)
+            if close is not None:
+                close()
+        finally:
+            self.on_close()
 
 
 def classify(e: BaseException) -> tuple[int, str, list]:

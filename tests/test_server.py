@@ -1,0 +1,357 @@
+"""``llmconn serve`` over real HTTP: a server subprocess, the fake provider, the demo services.
+
+Error mapping (and that no traceback or secret leaks), API keys, the store
+being down, graceful SIGTERM and the listening socket's TCP_NODELAY.
+Streaming is in test_server_sse-like tests at the end of this file.
+"""
+
+import shutil
+import signal
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+
+from llmconn.demo import start_server, stop
+from llmconn.server import listen
+from llmconn.testing.fake_server import FakeProviderServer
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = 'sk-test-secret-must-never-leak'
+API_KEY = 'host-key-123'
+
+TEST_SERVICES = '''
+from llmconn.service import Service, ServiceError
+
+
+class Boom(Service):
+    name = 'test.boom'
+
+    def handle(self):
+        raise RuntimeError('kaboom with ' + SECRET)
+
+
+class Echo(Service):
+    name = 'test.echo'
+    input = 'a', '-b'
+    output = 'a', '-b'
+
+    def handle(self):
+        self.response.payload = {'a': self.request.input.a, 'b': self.request.input.b, 'dropped': 1}
+
+
+class Text(Service):
+    name = 'test.text'
+
+    def handle(self):
+        self.response.payload = 'plain words'
+        self.response.status_code = 201
+        self.response.headers['X-Extra'] = 'yes'
+
+
+class Teapot(Service):
+    name = 'test.teapot'
+
+    def handle(self):
+        raise ServiceError('short and stout', status=418)
+
+
+class Nested(Service):
+    name = 'test.nested'
+
+    def handle(self):
+        inner = self.invoke('test.echo', {'a': self.cid})
+        self.response.payload = {'outer_cid': self.cid, 'inner': inner}
+'''.replace('SECRET', repr(SECRET))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def write_config(path, provider_url, redis_url='memory://', api_keys=(), extra=''):
+    keys = ''.join(f'\n    - {k}' for k in api_keys) or ' []'
+    path.write_text(f'''
+redis:
+  url: {redis_url}
+skills_dir: {ROOT / 'etc' / 'skills'}
+server:
+  api_keys:{keys}
+llm:
+  - name: Support
+    provider: claude
+    model: claude-sonnet-4-5
+    address: {provider_url}
+    secret: {SECRET}
+    max_retries: 0
+    lock_wait: 0.3
+{extra}''')
+    return path
+
+
+def make_services(directory):
+    directory.mkdir(exist_ok=True)
+    for name in ('demo_llm.py', 'demo_admin.py'):
+        shutil.copy(ROOT / 'services' / name, directory / name)
+    (directory / 'test_services.py').write_text(TEST_SERVICES)
+    return directory
+
+
+class Host:
+    """A running server subprocess and its base URL."""
+
+    def __init__(self, tmp, provider_url, **config):
+        self.port = free_port()
+        self.url = f'http://127.0.0.1:{self.port}'
+        self.config = write_config(tmp / 'llm.yaml', provider_url, **config)
+        self.services = make_services(tmp / 'services')
+        self.proc = start_server(self.config, self.services, self.port)
+        self.session = requests.Session()
+
+    def post(self, service, json=None, **kw):
+        return self.session.post(f'{self.url}/{service}', json=json, timeout=10, **kw)
+
+    def close(self):
+        self.session.close()
+        stop(self.proc)
+
+
+@pytest.fixture(scope='module')
+def fake():
+    with FakeProviderServer() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def calm_fake(fake):
+    fake.clear_faults()
+    fake.latency = 0.0
+    yield
+
+
+@pytest.fixture(scope='module')
+def host(tmp_path_factory, fake):
+    h = Host(tmp_path_factory.mktemp('host'), fake.url)
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope='module')
+def keyed(tmp_path_factory, fake):
+    h = Host(tmp_path_factory.mktemp('keyed'), fake.url, api_keys=['other-key', API_KEY])
+    yield h
+    h.close()
+
+
+def user():
+    return f'user-{uuid.uuid4().hex[:8]}'
+
+
+def assert_safe_error(response, status):
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {'error', 'cid'} and body['error']
+    assert body['cid'] == response.headers['X-Cid']
+    assert SECRET not in response.text and 'Traceback' not in response.text
+
+
+# -- the happy paths ---------------------------------------------------------------------------
+
+def test_health_reports_store_connections_and_services(host):
+    response = host.session.get(f'{host.url}/health', timeout=5)
+    assert response.status_code == 200
+    health = response.json()
+    assert health['status'] == 'ok' and health['store']['reachable'] is True
+    assert health['connections'] == ['Support']
+    assert {'demo.llm.support-chat', 'demo.llm.ask', 'test.echo'} <= set(health['services'])
+
+
+def test_services_lists_each_service_with_its_file_and_deploy_time(host):
+    listing = host.session.get(f'{host.url}/services', timeout=5).json()
+    by_name = {s['name']: s for s in listing['services']}
+    assert by_name['demo.llm.support-chat']['file'].endswith('demo_llm.py')
+    assert by_name['test.echo']['deployed_at'].endswith('Z')
+    assert all(f['last_error'] is None for f in listing['files'])
+
+
+def test_support_chat_remembers_the_first_turn(host):
+    who = user()
+    first = host.post('demo.llm.support-chat', {'user_id': who, 'text': 'Hi, my name is Ann'})
+    assert first.status_code == 200, first.text
+    second = host.post('demo.llm.support-chat', {'user_id': who, 'text': 'What is my name?'}).json()
+    assert 'echo: What is my name? | users: 2 | previous: Hi, my name is Ann' in second['reply']
+    assert second['usage']['input_tokens'] > 0 and second['usage']['output_tokens'] > 0
+
+
+def test_chat_ids_come_from_user_ids_so_users_do_not_share(host):
+    host.post('demo.llm.support-chat', {'user_id': user(), 'text': 'I am user one'})
+    reply = host.post('demo.llm.support-chat', {'user_id': user(), 'text': 'Who am I?'}).json()['reply']
+    assert 'users: 1 | previous: -' in reply
+
+
+def test_skill_is_sent_as_the_system_prompt(host):
+    reply = host.post('demo.llm.support-chat', {'user_id': user(), 'text': 'hello', 'skill': 'support-agent'})
+    assert 'system: yes' in reply.json()['reply']
+
+
+def test_ask_is_one_shot(host):
+    host.post('demo.llm.ask', {'text': 'first question'})
+    reply = host.post('demo.llm.ask', {'text': 'second question'}).json()['reply']
+    assert 'users: 1 | previous: -' in reply
+
+
+def test_declared_output_drops_undeclared_fields(host):
+    assert host.post('demo.llm.support-chat' and 'test.echo', {'a': 1}).json() == {'a': 1, 'b': None}
+
+
+def test_text_payload_status_and_headers_set_by_the_service(host):
+    response = host.post('test.text')
+    assert response.status_code == 201 and response.text == 'plain words'
+    assert response.headers['Content-Type'].startswith('text/plain') and response.headers['X-Extra'] == 'yes'
+
+
+def test_invoke_runs_another_service_under_the_same_cid(host):
+    response = host.post('test.nested')
+    body = response.json()
+    assert body['outer_cid'] == response.headers['X-Cid'] == body['inner']['a']
+
+
+# -- error mapping -----------------------------------------------------------------------------
+
+def test_unknown_service_is_404(host):
+    assert_safe_error(host.post('no.such.service', {}), 404)
+
+
+def test_body_that_is_not_json_is_400(host):
+    assert_safe_error(host.session.post(f'{host.url}/test.echo', data=b'{not json', timeout=5), 400)
+
+
+def test_missing_input_field_is_400_naming_it(host):
+    response = host.post('demo.llm.support-chat', {'user_id': 'u'})
+    assert_safe_error(response, 400)
+    assert 'text' in response.json()['error']
+
+
+def test_invalid_input_from_the_connection_is_400(host):
+    response = host.post('demo.llm.support-chat', {'user_id': 'x' * 300, 'text': 'hi'})
+    assert_safe_error(response, 400)
+    assert 'chat_id' in response.json()['error']
+
+
+def test_get_on_a_service_is_405(host):
+    assert host.session.get(f'{host.url}/test.echo', timeout=5).status_code == 405
+
+
+def test_service_error_carries_its_own_status(host):
+    response = host.post('test.teapot')
+    assert_safe_error(response, 418)
+    assert response.json()['error'] == 'short and stout'
+
+
+def test_unexpected_exception_is_500_without_traceback_or_secret(host):
+    response = host.post('test.boom')
+    assert_safe_error(response, 500)
+    assert 'kaboom' not in response.text
+
+
+def test_provider_failure_is_502_without_the_secret(host, fake):
+    fake.fail(500, body={'error': {'type': 'api_error', 'message': f'upstream saw {SECRET}'}})
+    response = host.post('demo.llm.support-chat', {'user_id': user(), 'text': 'hi'})
+    assert_safe_error(response, 502)
+
+
+def test_busy_chat_is_429_with_retry_after(host, fake):
+    who = user()
+    fake.hang(1.5)
+    first = {}
+    thread = threading.Thread(target=lambda: first.update(
+        r=requests.post(f'{host.url}/demo.llm.support-chat', json={'user_id': who, 'text': 'slow'}, timeout=10)))
+    thread.start()
+    time.sleep(0.4)
+    response = host.post('demo.llm.support-chat', {'user_id': who, 'text': 'impatient'})
+    thread.join()
+    assert_safe_error(response, 429)
+    assert int(response.headers['Retry-After']) >= 1
+    assert first['r'].status_code == 200
+
+
+def test_admin_service_is_refused_when_no_api_key_is_configured(host):
+    assert_safe_error(host.post('demo.llm.admin.get-history', {'user_id': 'u'}), 403)
+
+
+# -- API keys ----------------------------------------------------------------------------------
+
+def test_requests_without_a_valid_api_key_are_401(keyed):
+    assert_safe_error(keyed.post('test.echo', {'a': 1}), 401)
+    assert_safe_error(keyed.post('test.echo', {'a': 1}, headers={'X-API-Key': 'wrong'}), 401)
+    assert_safe_error(keyed.session.get(f'{keyed.url}/health', timeout=5), 401)
+
+
+def test_either_header_carries_the_api_key(keyed):
+    assert keyed.post('test.echo', {'a': 1}, headers={'X-API-Key': API_KEY}).status_code == 200
+    assert keyed.post('test.echo', {'a': 1}, headers={'Authorization': f'Bearer {API_KEY}'}).status_code == 200
+
+
+def test_admin_services_read_and_delete_history_with_the_key(keyed):
+    auth = {'X-API-Key': API_KEY}
+    who = user()
+    keyed.post('demo.llm.support-chat', {'user_id': who, 'text': 'remember me'}, headers=auth)
+    history = keyed.post('demo.llm.admin.get-history', {'user_id': who}, headers=auth).json()
+    assert [m['role'] for m in history['messages']] == ['user', 'assistant']
+    assert history['messages'][0]['content'] == 'remember me'
+    assert keyed.post('demo.llm.admin.delete-history', {'user_id': who}, headers=auth).json()['deleted']
+    assert keyed.post('demo.llm.admin.get-history', {'user_id': who}, headers=auth).json()['messages'] == []
+
+
+# -- the store down, shutdown, the socket --------------------------------------------------------
+
+def test_store_down_is_503_for_chat_while_one_shot_calls_work(tmp_path, fake):
+    dead = f'redis://127.0.0.1:{free_port()}/0'
+    h = Host(tmp_path, fake.url, redis_url=dead)
+    try:
+        assert_safe_error(h.post('demo.llm.support-chat', {'user_id': user(), 'text': 'hi'}), 503)
+        assert h.post('demo.llm.ask', {'text': 'hi'}).status_code == 200
+        health = h.session.get(f'{h.url}/health', timeout=5)
+        assert health.status_code == 503 and health.json()['store']['reachable'] is False
+    finally:
+        h.close()
+
+
+def test_sigterm_lets_the_in_flight_request_finish(tmp_path, fake):
+    h = Host(tmp_path, fake.url)
+    fake.hang(1.0)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(
+        r=requests.post(f'{h.url}/demo.llm.ask', json={'text': 'slow one'}, timeout=10)))
+    thread.start()
+    time.sleep(0.4)
+    h.proc.send_signal(signal.SIGTERM)
+    thread.join()
+    assert result['r'].status_code == 200 and 'slow one' in result['r'].json()['reply']
+    assert h.proc.wait(10) == 0
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f'{h.url}/health', timeout=2)
+    h.close()
+
+
+def test_listening_socket_sets_tcp_nodelay():
+    sock = listen('127.0.0.1', 0)
+    try:
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        sock.close()
+
+
+def test_port_in_use_is_a_clear_error():
+    sock = listen('127.0.0.1', 0)
+    try:
+        with pytest.raises(OSError, match='--port'):
+            listen('127.0.0.1', sock.getsockname()[1])
+    finally:
+        sock.close()
