@@ -25,12 +25,9 @@ logger = logging.getLogger('llmconn.store')
 MEMORY_SCHEME = 'memory'
 REDIS_SCHEMES = ('redis', 'rediss', 'unix')
 
-# Enough for one connection per greenlet of a busy gevent server, plus
-# waiters, which hold a connection while blocked in BLPOP.
-MAX_CONNECTIONS = 1000
-
-# How long a call waits for a free pooled connection when all are in use.
-POOL_WAIT = 5.0
+# The client for everything off the hot path (renewals, history, ping); chat
+# calls use their own connections, see :mod:`llmconn.store.wire`.
+MAX_CONNECTIONS = 100
 
 # A Redis that does not accept a connection fails the call quickly.
 CONNECT_TIMEOUT = 2.0
@@ -39,8 +36,7 @@ CONNECT_TIMEOUT = 2.0
 SOCKET_TIMEOUT = 5.0
 
 # One immediate retry on a broken connection (e.g. Redis restarted under a
-# pooled socket). Every script is safe to repeat: BEGIN recognizes its own
-# token and SAVE is fenced by it, so nothing is ever written twice.
+# pooled socket); off the hot path, every command there is safe to repeat.
 CONNECTION_RETRIES = 1
 
 # memory:// stores by URL, so a registry reloaded in the same process keeps its history.
@@ -59,12 +55,12 @@ def open_store(url: str, *, clock: Callable[[], float] | None = None) -> ChatSto
         raise ConfigError(f'redis.url {display!r} is not supported: use redis://, rediss:// (TLS), unix:// '
                           f'or memory:// (one process only)')
     try:
-        pool = redis.BlockingConnectionPool.from_url(
-            url, max_connections=MAX_CONNECTIONS, timeout=POOL_WAIT, socket_timeout=SOCKET_TIMEOUT,
+        client = redis.Redis.from_url(
+            url, max_connections=MAX_CONNECTIONS, socket_timeout=SOCKET_TIMEOUT,
             socket_connect_timeout=CONNECT_TIMEOUT, retry=Retry(NoBackoff(), CONNECTION_RETRIES))
     except ValueError as exc:
         raise ConfigError(f'redis.url {display!r} is invalid: {_without_secret(str(exc), url)}') from None
-    return ChatStore(redis.Redis(connection_pool=pool), url_for_display=display, shared=True, clock=clock)
+    return ChatStore(client, url_for_display=display, shared=True, clock=clock)
 
 
 def mask_url(url: str) -> str:

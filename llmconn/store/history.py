@@ -24,25 +24,20 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmconn.errors import ChatBusy, StoreError
 from llmconn.store import scripts
+from llmconn.store.scripts import TURN_SEPARATOR, WAKE_WAIT_CAP
 from llmconn.store.keys import ChatKeys, chat_keys
 from llmconn.store.lock import ChatLock, LockRenewer
+from llmconn.store.wire import NoConnectionAvailable, Wire
 from llmconn.types import Turn
-
-# A waiter blocks at most this long per BLPOP, so a lost wake-up (a holder
-# that died, an expired lock) costs it at most this much.
-WAKE_WAIT_CAP = 1.0
 
 # BLPOP's timeout 0 means "forever"; never ask for less than this.
 MIN_WAKE_WAIT = 0.002
 
-# The "someone is waiting" flag outlives a waiter's BLPOP by a margin;
-# each attempt refreshes it, so it vanishes soon after the last waiter leaves.
-WAITING_FLAG_TTL_MS = int(WAKE_WAIT_CAP * 3000)
-
-# A wake-up nobody picked up is gone after this long.
-WAKE_TTL_MS = int(WAKE_WAIT_CAP * 3000)
+# Decoded turns are kept by their stored bytes, up to this many bytes of them.
+MAX_CACHED_TURN_BYTES = 8 * 1024 * 1024
 
 _from_dict = Turn.from_dict
+_loads = json.loads
 _new_token = lambda: os.urandom(16).hex()      # noqa: E731 - one syscall, unique across processes
 
 # Stores of this process, so a forked child starts without its parent's renewer and locks.
@@ -56,13 +51,15 @@ class ChatStore:
                  clock: Callable[[], float] | None = None) -> None:
         self.url_for_display = url_for_display
         self.shared = shared
-        self._client = client
+        self._client = client                  # everything but the hot path
+        self._wire = Wire(client.connection_pool)
         self._clock = clock or mod_time.monotonic
         self._begin = client.register_script(scripts.BEGIN)
         self._save = client.register_script(scripts.SAVE)
         self._release = client.register_script(scripts.RELEASE)
         self._renew = client.register_script(scripts.RENEW)
         self._held: dict[str, ChatLock] = {}    # token -> lock, what the renewer keeps alive
+        self._turns = TurnCache(MAX_CACHED_TURN_BYTES)
         self._renewer: LockRenewer | None = None
         self._start_lock = threading.Lock()
         self._closed = False
@@ -80,11 +77,11 @@ class ChatStore:
             renewer.shorten(ttl_ms)
         keys = chat_keys(conn_name, chat_id)
         token = _new_token()
-        args = (token, ttl_ms, window, WAITING_FLAG_TTL_MS)
+        args = (token, ttl_ms, window)
         taken, value = self._run(self._begin, (keys.lock, keys.turns, keys.waiting), args)
         if not taken:
             value = self._wait(keys, args, value, lock_wait, conn_name, chat_id)
-        lock = ChatLock(self, keys, token, ttl_ms, [_from_dict(d) for d in json.loads(value)])
+        lock = ChatLock(self, keys, token, ttl_ms, self._turns.decode(value))
         self._held[token] = lock
         return lock
 
@@ -100,7 +97,7 @@ class ChatStore:
                                f'in the connection\'s configuration.')
             timeout = min(remaining, WAKE_WAIT_CAP, pttl / 1000.0 if pttl > 0 else WAKE_WAIT_CAP)
             try:
-                self._client.blpop([keys.wake], timeout=max(timeout, MIN_WAKE_WAIT))
+                self._wire.call('BLPOP', keys.wake, max(timeout, MIN_WAKE_WAIT))
             except RedisError as exc:
                 raise self._error(exc) from exc
             taken, value = self._run(self._begin, (keys.lock, keys.turns, keys.waiting), args)
@@ -108,13 +105,12 @@ class ChatStore:
                 return value
             pttl = value
 
-    def _do_save(self, keys: ChatKeys, token: str, data: str, max_turns: int, expiry: int) -> bool:
-        args = (token, data, max_turns, expiry, WAKE_TTL_MS)
+    def _do_save(self, keys: ChatKeys, token: str, data: bytes, max_turns: int, expiry: int) -> bool:
+        args = (token, data, max_turns, expiry)
         return self._run(self._save, (keys.lock, keys.turns, keys.wake, keys.waiting), args) == 1
 
     def _do_release(self, keys: ChatKeys, token: str) -> bool:
-        args = (token, WAKE_TTL_MS)
-        return self._run(self._release, (keys.lock, keys.turns, keys.wake, keys.waiting), args) == 1
+        return self._run(self._release, (keys.lock, keys.turns, keys.wake, keys.waiting), (token,)) == 1
 
     def _do_renew(self, locks: list[tuple]) -> list:
         """Renew (key, token, ttl_ms) locks in one pipelined round trip; 1 or 0 (lost) or an error each."""
@@ -125,7 +121,7 @@ class ChatStore:
 
     def _run(self, script: Any, keys: tuple, args: tuple) -> Any:
         try:
-            return script(keys, args)
+            return self._wire.evalsha(script, keys, args)
         except RedisError as exc:
             raise self._error(exc) from exc
 
@@ -138,7 +134,7 @@ class ChatStore:
             items = self._client.lrange(chat_keys(conn_name, chat_id).turns, 0, -1)
         except RedisError as exc:
             raise self._error(exc) from exc
-        return [_from_dict(d) for d in json.loads(b'[' + b','.join(items) + b']')]
+        return [_from_dict(_loads(item)) for item in items]
 
     def delete(self, conn_name: str, chat_id: str) -> None:
         """Forget the chat's turns. A call holding its lock keeps it and may still save its turn."""
@@ -161,6 +157,7 @@ class ChatStore:
             renewer, self._renewer = self._renewer, None
         if renewer is not None:
             renewer.stop()
+        self._wire.close()
         self._client.connection_pool.disconnect()
 
     # ################################################################################################
@@ -181,10 +178,13 @@ class ChatStore:
         self._renewer = None
         self._held = {}
         self._start_lock = threading.Lock()
+        self._wire.forget()
 
     def _error(self, exc: RedisError) -> StoreError:
         """The one translation of a redis exception, with what to do next and no password."""
-        if isinstance(exc, AuthenticationError):
+        if isinstance(exc, NoConnectionAvailable):
+            hint = 'too many chat calls wait on Redis at once in this process; is Redis overloaded?'
+        elif isinstance(exc, AuthenticationError):
             hint = 'check the user name and password in redis.url'
         elif isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
             hint = 'check that Redis is running and reachable at that address (calls without a chat_id still work)'
@@ -198,6 +198,40 @@ class ChatStore:
 
     def __repr__(self) -> str:
         return f'<ChatStore {self.url_for_display} held={len(self._held)}>'
+
+
+class TurnCache:
+    """Turns decoded before, by their stored JSON bytes: a chat's window is mostly the last call's.
+
+    Stored turns never change, and :class:`Turn` is immutable, so a hit is
+    exactly what decoding would give. Emptied whole when it outgrows its
+    bytes (cheap, and a cold window only costs what no cache would).
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._turns: dict[bytes, Turn] = {}
+
+    def decode(self, window: bytes) -> list[Turn]:
+        if not window:
+            return []
+        turns, get = [], self._turns.get
+        for item in window.split(TURN_SEPARATOR):
+            turn = get(item)
+            if turn is None:
+                turn = self._add(item)
+            turns.append(turn)
+        return turns
+
+    def _add(self, item: bytes) -> Turn:
+        turn = _from_dict(_loads(item))
+        if self._bytes + len(item) > self._max_bytes:
+            self._turns.clear()
+            self._bytes = 0
+        self._turns[item] = turn
+        self._bytes += len(item)
+        return turn
 
 
 def _forget_parent_state() -> None:

@@ -79,7 +79,9 @@ class ChatLock:
         if self.lost:
             self._open = False
             raise self._lost()
-        saved = self._store._do_save(self._keys, self._token, _dumps(turn.to_dict()), max_turns, expiry)
+        # surrogatepass: a lone surrogate in a text is stored, not a crash; json.loads reads it back.
+        data = _dumps(turn.to_dict()).encode('utf-8', 'surrogatepass')
+        saved = self._store._do_save(self._keys, self._token, data, max_turns, expiry)
         # A StoreError above leaves _open set, so release() still tries to unlock.
         self._open = False
         if not saved:

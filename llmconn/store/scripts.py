@@ -16,41 +16,57 @@ list is trimmed to one element and expires quickly; a stale element costs a
 waiter one extra attempt, never a wrong result.
 """
 
+# A waiter blocks at most this long per BLPOP, so a lost wake-up (a holder
+# that died, an expired lock) costs it at most this much.
+WAKE_WAIT_CAP = 1.0
+
+# The "someone is waiting" flag outlives a waiter's BLPOP by a margin; each
+# attempt refreshes it, so it vanishes soon after the last waiter leaves.
+WAITING_FLAG_TTL_MS = int(WAKE_WAIT_CAP * 3000)
+
+# A wake-up nobody picked up is gone after this long.
+WAKE_TTL_MS = int(WAKE_WAIT_CAP * 3000)
+
+# Turns travel from BEGIN as one string, one compact JSON turn per line: JSON
+# escapes every newline inside its strings, so the separator never occurs
+# within a turn, and Python splits the window without parsing it.
+TURN_SEPARATOR = b'\n'
+
 # Pushes one wake-up when somebody is waiting. Shared tail of SAVE and RELEASE.
-#   KEYS[3] - wake list, KEYS[4] - waiting flag, ARGV[n_wake_ttl] - wake list expiry (ms)
-_WAKE_ONE = """
+#   KEYS[3] - wake list, KEYS[4] - waiting flag
+_WAKE_ONE = f"""
 if redis.call('EXISTS', KEYS[4]) == 1 then
     redis.call('LPUSH', KEYS[3], 1)
     redis.call('LTRIM', KEYS[3], 0, 0)
-    redis.call('PEXPIRE', KEYS[3], ARGV[{n_wake_ttl}])
+    redis.call('PEXPIRE', KEYS[3], {WAKE_TTL_MS})
 end
 """
 
 # Takes the lock and reads the window, or reports how long the holder has left.
 #   KEYS[1] - lock, KEYS[2] - turns, KEYS[3] - waiting flag
-#   ARGV[1] - our random token, ARGV[2] - lock ttl (ms), ARGV[3] - window (turns),
-#   ARGV[4] - waiting flag expiry (ms)
-# Returns {1, '[turn, ...]'} (the last ARGV[3] turns as one JSON array, oldest first)
-# or {0, pttl of the lock}. Finding our own token counts as taken, so a retried
-# call whose first reply was lost does not wait for itself.
-BEGIN = """
+#   ARGV[1] - our random token, ARGV[2] - lock ttl (ms), ARGV[3] - window (turns)
+# Returns {1, turns} - the last ARGV[3] turns, oldest first, joined by TURN_SEPARATOR
+# (an empty string when there are none) - or {0, pttl of the lock}. Finding our
+# own token counts as taken, so a call retried after its reply was lost does not
+# wait for itself.
+BEGIN = f"""
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
         or redis.call('GET', KEYS[1]) == ARGV[1] then
     local window = tonumber(ARGV[3])
     -- LRANGE key -0 -1 would be the whole list, so window 0 is answered here
     if window <= 0 then
-        return {1, '[]'}
+        return {{1, ''}}
     end
-    return {1, '[' .. table.concat(redis.call('LRANGE', KEYS[2], -window, -1), ',') .. ']'}
+    return {{1, table.concat(redis.call('LRANGE', KEYS[2], -window, -1), '\\n')}}
 end
-redis.call('SET', KEYS[3], 1, 'PX', ARGV[4])
-return {0, redis.call('PTTL', KEYS[1])}
+redis.call('SET', KEYS[3], 1, 'PX', {WAITING_FLAG_TTL_MS})
+return {{0, redis.call('PTTL', KEYS[1])}}
 """
 
 # Appends a turn and releases the lock, if the lock is still ours.
 #   KEYS[1] - lock, KEYS[2] - turns, KEYS[3] - wake list, KEYS[4] - waiting flag
-#   ARGV[1] - our token, ARGV[2] - the turn as JSON, ARGV[3] - max stored turns,
-#   ARGV[4] - chat expiry (s), ARGV[5] - wake list expiry (ms)
+#   ARGV[1] - our token, ARGV[2] - the turn as compact JSON, ARGV[3] - max stored turns,
+#   ARGV[4] - chat expiry (s)
 # Returns 1 when saved, 0 when the lock was no longer ours (nothing written).
 SAVE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
@@ -62,21 +78,21 @@ if redis.call('RPUSH', KEYS[2], ARGV[2]) > max_turns then
 end
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 redis.call('DEL', KEYS[1])
-""" + _WAKE_ONE.format(n_wake_ttl=5) + """
+""" + _WAKE_ONE + """
 return 1
 """
 
 # Releases the lock without saving, if it is still ours.
-#   KEYS[1] - lock, KEYS[2] - unused (keeps KEYS positions equal to SAVE),
+#   KEYS[1] - lock, KEYS[2] - unused (keeps the KEYS positions of SAVE),
 #   KEYS[3] - wake list, KEYS[4] - waiting flag
-#   ARGV[1] - our token, ARGV[2] - wake list expiry (ms)
+#   ARGV[1] - our token
 # Returns 1 when released, 0 when the lock was no longer ours.
 RELEASE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
 redis.call('DEL', KEYS[1])
-""" + _WAKE_ONE.format(n_wake_ttl=2) + """
+""" + _WAKE_ONE + """
 return 1
 """
 
