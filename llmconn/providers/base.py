@@ -9,6 +9,7 @@ locking. Keeping the mapping pure means most tests need no network.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
 from llmconn.errors import LLMError
@@ -107,3 +108,23 @@ class Provider:
     @staticmethod
     def done(reply: Reply) -> Event:
         return Event('done', result=reply.as_result(), reply=reply)
+
+
+def check_reserved(reserved: frozenset[str], keys: Iterable[str], error: type[Exception]) -> None:
+    """Refuse params that would overwrite what the mapping itself must set."""
+    clash = sorted(reserved & set(keys))
+    if clash:
+        raise error(f'params may not set {", ".join(clash)}: llmconn sets it from the configuration '
+                    f'and the chat; remove it from params')
+
+
+def json_event(provider: Provider, sse: SSE) -> dict:
+    """The JSON object a stream event carries, or an LLMError saying the stream is not what we expect."""
+    try:
+        data = json.loads(sse.data)
+    except ValueError:
+        raise provider.error(f'the provider sent a stream event that is not JSON; check that "address" '
+                             f'points at the {provider.name} API', sse.data) from None
+    if not isinstance(data, dict):
+        raise provider.error('the provider sent a stream event that is not a JSON object', data)
+    return data

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator
 
 from llmconn.errors import InvalidInput
 from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, Provider
-from llmconn.providers.openai import check_reserved, json_event
+from llmconn.providers.base import check_reserved, json_event
 from llmconn.types import Event, Reply, Request, Turn
 
 ANTHROPIC_VERSION = '2023-06-01'

@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 from llmconn.errors import InvalidInput
 from llmconn.providers.base import SSE, STREAM, SYSTEM, Provider
-from llmconn.providers.openai import check_reserved, json_event
+from llmconn.providers.base import check_reserved, json_event
 from llmconn.types import Event, Reply, Request
 
 # Finish reasons of an answer that ended normally; any other one with no text means Gemini refused.

@@ -17,11 +17,10 @@ chunk because the request sets ``stream_options.include_usage``.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Iterable, Iterator
 
 from llmconn.errors import InvalidInput
-from llmconn.providers.base import SSE, STREAM, SYSTEM, Provider
+from llmconn.providers.base import SSE, STREAM, SYSTEM, Provider, check_reserved, json_event
 from llmconn.types import Event, Reply, Request
 
 # Where compatible servers put the model's reasoning, in the order we look.
@@ -162,26 +161,6 @@ class _Answer:
 
 
 # ---- shared with the Responses mapping
-
-
-def check_reserved(reserved: frozenset[str], keys: Iterable[str], error: type[Exception]) -> None:
-    """Refuse params that would overwrite what the mapping itself must set."""
-    clash = sorted(reserved & set(keys))
-    if clash:
-        raise error(f'params may not set {", ".join(clash)}: llmconn sets it from the configuration '
-                    f'and the chat; remove it from params')
-
-
-def json_event(provider: Provider, sse: SSE) -> dict:
-    """The JSON object a stream event carries, or an LLMError saying the stream is not what we expect."""
-    try:
-        data = json.loads(sse.data)
-    except ValueError:
-        raise provider.error(f'the provider sent a stream event that is not JSON; check that "address" '
-                             f'points at the {provider.name} API', sse.data) from None
-    if not isinstance(data, dict):
-        raise provider.error('the provider sent a stream event that is not a JSON object', data)
-    return data
 
 
 def error_text(body: Any) -> str:

@@ -23,7 +23,8 @@ from typing import Any, Iterable, Iterator
 
 from llmconn.errors import InvalidInput
 from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, Provider
-from llmconn.providers.openai import check_reserved, error_text, json_event
+from llmconn.providers.base import check_reserved, json_event
+from llmconn.providers.openai import error_text
 from llmconn.types import Event, Reply, Request, Turn
 
 ENCRYPTED_REASONING = 'reasoning.encrypted_content'
