@@ -1,10 +1,11 @@
 """``llmconn serve`` over real HTTP: a server subprocess, the fake provider, the demo services.
 
 Error mapping (and that no traceback or secret leaks), API keys, the store
-being down, graceful SIGTERM and the listening socket's TCP_NODELAY.
-Streaming is in test_server_sse-like tests at the end of this file.
+being down, graceful SIGTERM, the listening socket's TCP_NODELAY, and
+Server-Sent Events read incrementally by a real HTTP client.
 """
 
+import json
 import shutil
 import signal
 import socket
@@ -207,7 +208,7 @@ def test_ask_is_one_shot(host):
 
 
 def test_declared_output_drops_undeclared_fields(host):
-    assert host.post('demo.llm.support-chat' and 'test.echo', {'a': 1}).json() == {'a': 1, 'b': None}
+    assert host.post('test.echo', {'a': 1}).json() == {'a': 1, 'b': None}
 
 
 def test_text_payload_status_and_headers_set_by_the_service(host):
@@ -355,3 +356,169 @@ def test_port_in_use_is_a_clear_error():
             listen('127.0.0.1', sock.getsockname()[1])
     finally:
         sock.close()
+
+
+# -- Server-Sent Events ------------------------------------------------------------------------
+
+class GatedClaude:
+    """A Claude Messages provider whose stream pauses after its first text delta until ``gate`` opens.
+
+    It proves events reach the HTTP client while the provider is still answering,
+    which a provider that sends everything at once cannot show.
+    """
+
+    DELTAS_AFTER_GATE = ['second ', 'third ', 'fourth ', 'fifth']
+
+    def __init__(self):
+        import http.server
+        self.gate = threading.Event()
+        self.finished = threading.Event()
+        self.bodies = []
+        stub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = 'HTTP/1.1'
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers['Content-Length'])))
+                stub.bodies.append(body)
+                try:
+                    stub.stream(self, body) if body.get('stream') else stub.reply(self, body)
+                except OSError:
+                    pass        # the host went away mid-stream, which some tests do on purpose
+                finally:
+                    stub.finished.set()
+
+        class Server(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+            def server_bind(self):
+                self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                super().server_bind()
+
+        self.server = Server(('127.0.0.1', 0), Handler)
+        self.url = f'http://127.0.0.1:{self.server.server_address[1]}'
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @staticmethod
+    def users(body):
+        return sum(1 for m in body['messages'] if m['role'] == 'user')
+
+    def reply(self, handler, body):
+        data = json.dumps({'id': 'msg_1', 'type': 'message', 'role': 'assistant', 'model': body['model'],
+                           'content': [{'type': 'text', 'text': f'users: {self.users(body)}'}],
+                           'stop_reason': 'end_turn', 'stop_sequence': None,
+                           'usage': {'input_tokens': 3, 'output_tokens': 2}}).encode()
+        handler.send_response(200)
+        handler.send_header('Content-Type', 'application/json')
+        handler.send_header('Content-Length', str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    def stream(self, handler, body):
+        handler.send_response(200)
+        handler.send_header('Content-Type', 'text/event-stream')
+        handler.send_header('Transfer-Encoding', 'chunked')
+        handler.end_headers()
+
+        def send(kind, data):
+            chunk = f'event: {kind}\ndata: {json.dumps(dict(data, type=kind))}\n\n'.encode()
+            handler.wfile.write(b'%x\r\n%s\r\n' % (len(chunk), chunk))
+            handler.wfile.flush()
+
+        send('message_start', {'message': {'id': 'msg_1', 'type': 'message', 'role': 'assistant', 'content': [],
+                                           'model': body['model'], 'stop_reason': None, 'stop_sequence': None,
+                                           'usage': {'input_tokens': 3, 'output_tokens': 1}}})
+        send('content_block_start', {'index': 0, 'content_block': {'type': 'text', 'text': ''}})
+        send('content_block_delta', {'index': 0, 'delta': {'type': 'text_delta', 'text': 'first '}})
+        self.gate.wait(10)
+        for text in self.DELTAS_AFTER_GATE:
+            send('content_block_delta', {'index': 0, 'delta': {'type': 'text_delta', 'text': text}})
+            time.sleep(0.02)
+        send('content_block_stop', {'index': 0})
+        send('message_delta', {'delta': {'stop_reason': 'end_turn', 'stop_sequence': None},
+                               'usage': {'output_tokens': 5}})
+        send('message_stop', {})
+        handler.wfile.write(b'0\r\n\r\n')
+
+    def close(self):
+        self.gate.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def read_events(response):
+    """Yield (event, data) pairs from an SSE response as they arrive."""
+    kind = None
+    for line in response.iter_lines(chunk_size=1, decode_unicode=True):
+        if line.startswith('event: '):
+            kind = line[7:]
+        elif line.startswith('data: '):
+            yield kind, json.loads(line[6:])
+
+
+@pytest.fixture()
+def gated(tmp_path):
+    stub = GatedClaude()
+    h = Host(tmp_path, stub.url)
+    yield stub, h
+    h.close()
+    stub.close()
+
+
+def test_sse_events_reach_the_client_while_the_provider_is_still_answering(gated):
+    stub, h = gated
+    with requests.post(f'{h.url}/demo.llm.support-chat-stream', json={'user_id': user(), 'text': 'hi'},
+                       stream=True, timeout=10) as response:
+        assert response.headers['Content-Type'].startswith('text/event-stream')
+        events = read_events(response)
+        assert next(events) == ('text', {'text': 'first '})
+        assert not stub.finished.is_set()       # the provider is still held at its first delta
+        stub.gate.set()
+        rest = list(events)
+    assert ''.join(d['text'] for k, d in rest if k == 'text') == ''.join(GatedClaude.DELTAS_AFTER_GATE)
+    assert [k for k, _ in rest][-1] == 'done' and [k for k, _ in rest].count('done') == 1
+    done = rest[-1][1]
+    assert done['text'] == 'first ' + ''.join(GatedClaude.DELTAS_AFTER_GATE)
+    assert done['usage'] == {'input_tokens': 3, 'output_tokens': 5} and 'raw' not in done
+
+
+def test_sse_client_disconnect_saves_nothing_and_frees_the_chat(gated):
+    stub, h = gated
+    who = user()
+    response = requests.post(f'{h.url}/demo.llm.support-chat-stream', json={'user_id': who, 'text': 'hi'},
+                             stream=True, timeout=10)
+    assert next(read_events(response))[0] == 'text'
+    response.close()                            # the client leaves mid-answer
+    stub.gate.set()
+    assert stub.finished.wait(5)
+    time.sleep(0.3)                             # the host notices on its next write
+    started = time.monotonic()
+    follow_up = h.post('demo.llm.support-chat', {'user_id': who, 'text': 'are you there?'})
+    assert follow_up.status_code == 200, follow_up.text     # not 429: the lock was released
+    assert time.monotonic() - started < 0.3
+    assert follow_up.json()['reply'] == 'users: 1'          # the broken turn was not saved
+    assert GatedClaude.users(stub.bodies[-1]) == 1
+
+
+def test_sse_stream_saves_the_turn_when_done(host):
+    who = user()
+    with requests.post(f'{host.url}/demo.llm.support-chat-stream', json={'user_id': who, 'text': 'I am Ann'},
+                       stream=True, timeout=10) as response:
+        first = list(read_events(response))
+    assert first[-1][0] == 'done'
+    with requests.post(f'{host.url}/demo.llm.support-chat-stream', json={'user_id': who, 'text': 'Who am I?'},
+                       stream=True, timeout=10) as response:
+        second = list(read_events(response))
+    streamed = ''.join(d['text'] for k, d in second if k == 'text')
+    assert streamed == second[-1][1]['text']
+    assert 'users: 2 | previous: I am Ann' in streamed
+
+
+def test_sse_failure_before_the_first_event_gets_a_plain_status(host, fake):
+    fake.fail(500)
+    response = host.post('demo.llm.support-chat-stream', {'user_id': user(), 'text': 'hi'})
+    assert_safe_error(response, 502)
