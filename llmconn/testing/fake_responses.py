@@ -81,7 +81,7 @@ def _output(body: dict, text: str, last_user: str, signer) -> list:
 
 
 def _usage(input_tokens: int, output_tokens: int, reasoning_tokens: int) -> dict:
-    return {'input_tokens': input_tokens, 'input_tokens_details': {'cached_tokens': 0},
+    return {'input_tokens': input_tokens, 'input_tokens_details': {'cached_tokens': 0, 'cache_write_tokens': 0},
             'output_tokens': output_tokens, 'output_tokens_details': {'reasoning_tokens': reasoning_tokens},
             'total_tokens': input_tokens + output_tokens}
 
