@@ -421,3 +421,195 @@ def test_stream_events_validate_against_sdk_models(http, srv, path, body, header
     for name, data in events:
         if name != 'ping' and data != '[DONE]':
             adapter.validate_python(json.loads(data))
+
+
+# Faults
+
+
+def test_fail_answers_in_each_providers_error_shape_then_recovers(http, srv, claude, oai):
+    srv.fail(429, count=2, headers={'Retry-After': '7', 'retry-after-ms': '7000'})
+    with pytest.raises(anthropic.RateLimitError) as info:
+        claude.messages.create(model='c', max_tokens=5, messages=[user('x')])
+    assert info.value.body['error']['type'] == 'rate_limit_error'
+    assert info.value.response.headers['retry-after'] == '7'
+    assert info.value.response.headers['retry-after-ms'] == '7000'
+    with pytest.raises(openai.RateLimitError) as info:
+        oai.chat.completions.create(model='g', messages=[user('x')])
+    assert info.value.code == 'rate_limit_exceeded'
+    assert oai.chat.completions.create(model='g', messages=[user('x')]).choices
+
+
+def test_fail_shapes_gemini_errors_and_keeps_a_given_body(http, srv):
+    srv.fail(503)
+    error = gemini_post(http, srv, GEMINI_BODY).json()['error']
+    assert error == {'code': 503, 'message': error['message'], 'status': 'UNAVAILABLE'}
+    srv.fail(500, body={'custom': True})
+    response = http.post(srv.url + '/v1/chat/completions', json={'model': 'm', 'messages': [user('x')]})
+    assert (response.status_code, response.json()) == (500, {'custom': True})
+
+
+def test_faults_are_taken_in_order(http, srv, oai):
+    srv.fail(529)
+    srv.garbage()
+    with pytest.raises(openai.InternalServerError):
+        oai.chat.completions.create(model='g', messages=[user('x')])
+    response = http.post(srv.url + '/v1/chat/completions', json={'model': 'm', 'messages': [user('x')]})
+    assert response.status_code == 200
+    with pytest.raises(ValueError):
+        response.json()
+    assert http.post(srv.url + '/v1/chat/completions', json={'model': 'm', 'messages': [user('x')]}).json()
+
+
+def test_hang_delays_the_answer_and_times_out_a_client(http, srv):
+    srv.hang(0.5)
+    with pytest.raises(requests.Timeout):
+        http.post(srv.url + '/v1/chat/completions', json={'model': 'm', 'messages': [user('x')]}, timeout=0.1)
+    srv.hang(0.2)
+    started = time.perf_counter()
+    response = http.post(srv.url + '/v1/chat/completions', json={'model': 'm', 'messages': [user('x')]})
+    assert response.status_code == 200 and time.perf_counter() - started >= 0.2
+
+
+def test_stream_break_cuts_the_connection_after_the_first_delta(http, srv, claude, oai):
+    srv.fail_stream('break', count=2)
+    with pytest.raises(requests.exceptions.ChunkedEncodingError):
+        claude_post(http, srv, {'messages': [user('hi')], 'stream': True})
+    with pytest.raises(openai.APIConnectionError):
+        with oai.responses.stream(model='gpt-5', input='hi') as stream:
+            for _ in stream:
+                pass
+    # Non-streaming requests never take a stream fault; the queue is now empty.
+    assert claude_post(http, srv, {'messages': [user('hi')], 'stream': True}).status_code == 200
+
+
+@pytest.mark.parametrize('path, body, headers, last', [
+    ('/v1/messages', {'model': 'c', 'max_tokens': 5, 'stream': True, 'messages': [user('hi')]}, CLAUDE_HEADERS,
+     ('error', 'overloaded_error')),
+    ('/v1/responses', {'model': 'o', 'input': 'hi', 'stream': True}, {}, ('response.failed', 'server_error')),
+    ('/v1/chat/completions', {'model': 'g', 'stream': True, 'messages': [user('hi')]}, {}, ('', 'server_error')),
+])
+def test_stream_error_sends_the_providers_error_event(http, srv, path, body, headers, last):
+    srv.fail_stream('error')
+    events = sse_events(http.post(srv.url + path, json=body, headers=headers))
+    name, data = events[-1]
+    data = json.loads(data)
+    kind = data['error']['type'] if 'error' in data and 'type' in data['error'] else data['response']['error']['code']
+    assert (name, kind) == last
+    assert 'delta' in json.dumps(events[-2][1])
+
+
+def test_stream_error_makes_the_sdks_raise(srv, claude, oai):
+    srv.fail_stream('error', count=3)
+    with pytest.raises(anthropic.APIStatusError):
+        with claude.messages.stream(model='c', max_tokens=5, messages=[user('x')]) as stream:
+            stream.get_final_message()
+    with pytest.raises(openai.APIError):
+        list(oai.chat.completions.create(model='g', messages=[user('x')], stream=True))
+    with oai.responses.stream(model='o', input='x') as stream:
+        events = [event.type for event in stream]
+    assert events[-1] == 'response.failed'
+
+
+def test_control_api_over_http(http, srv):
+    assert http.post(srv.url + '/_fake/faults', json={'status': 418}).status_code == 200
+    assert http.post(srv.url + '/_fake/faults', json={'stream_break': True, 'count': 2}).status_code == 200
+    assert http.post(srv.url + '/_fake/faults', json={'nothing': 1}).status_code == 400
+    assert http.get(srv.url + '/v1/models').status_code == 418
+    assert http.post(srv.url + '/_fake/latency', json={'seconds': 0.25}).json() == {'seconds': 0.25}
+    assert srv.latency == 0.25
+    assert [r['path'] for r in http.get(srv.url + '/_fake/requests').json()] == ['/v1/models']
+    http.delete(srv.url + '/_fake/requests')
+    http.delete(srv.url + '/_fake/faults')
+    assert srv.requests == [] and not srv.state.stream_faults
+
+
+# Recording, latency, auth
+
+
+def test_requests_are_recorded_with_lowercase_headers_body_and_query(http, srv):
+    gemini_post(http, srv, GEMINI_BODY, 'streamGenerateContent', alt='sse')
+    [record] = srv.requests
+    assert record['method'] == 'POST'
+    assert record['path'] == '/v1beta/models/gemini-2.5-flash:streamGenerateContent'
+    assert record['headers']['x-goog-api-key'] == 'x'
+    assert record['headers']['content-type'] == 'application/json'
+    assert record['body'] == GEMINI_BODY
+    assert record['query'] == {'alt': 'sse'}
+
+
+def test_latency_applies_per_request_so_concurrent_requests_overlap(srv):
+    srv.latency = 0.3
+    statuses = []
+
+    def call():
+        statuses.append(requests.post(srv.url + '/v1/chat/completions',
+                                      json={'model': 'm', 'messages': [user('x')]}).status_code)
+
+    threads = [threading.Thread(target=call) for _ in range(10)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    assert statuses == [200] * 10
+    assert 0.3 <= elapsed < 0.9
+
+
+def test_keep_alive_requests_are_fast(http, srv):
+    # Without TCP_NODELAY each of these would wait ~40 ms for a delayed ACK.
+    http.get(srv.url + '/v1/models')
+    started = time.perf_counter()
+    for _ in range(20):
+        http.post(srv.url + '/v1/chat/completions', json={'model': 'm', 'messages': [user('x')]})
+    assert (time.perf_counter() - started) / 20 < 0.015
+
+
+@pytest.mark.parametrize('path, body, good, bad, kind', [
+    ('/v1/messages', {'model': 'c', 'max_tokens': 5, 'messages': [user('x')]},
+     {'x-api-key': 'k1', 'anthropic-version': '2023-06-01'}, {'x-api-key': 'no', 'anthropic-version': '2023-06-01'},
+     lambda b: b['error']['type'] == 'authentication_error'),
+    ('/v1/chat/completions', {'model': 'g', 'messages': [user('x')]},
+     {'authorization': 'Bearer k1'}, {}, lambda b: b['error']['code'] == 'invalid_api_key'),
+    ('/v1beta/models/gemini-2.5-flash:generateContent', GEMINI_BODY,
+     {'x-goog-api-key': 'k1'}, {'x-goog-api-key': 'k2'}, lambda b: b['error']['status'] == 'UNAUTHENTICATED'),
+])
+def test_api_key_is_checked_when_configured(http, path, body, good, bad, kind):
+    with FakeProviderServer(api_key='k1') as keyed:
+        assert http.post(keyed.url + path, json=body, headers=good).status_code == 200
+        response = http.post(keyed.url + path, json=body, headers=bad)
+        assert response.status_code == 401 and kind(response.json())
+        assert 'k1' not in response.text
+
+
+# Lifecycle
+
+
+def test_stop_closes_the_port_and_ends_the_thread():
+    server = FakeProviderServer().start()
+    port, thread = server.port, server._thread
+    assert requests.get(server.url + '/v1/models').status_code == 200
+    server.stop()
+    assert not thread.is_alive()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(('127.0.0.1', port), timeout=1).close()
+    server.stop()   # a second stop is harmless
+
+
+def test_spawned_subprocess_is_shared_and_controlled_over_http():
+    with FakeProviderServer.spawn(latency=0.0) as proc:
+        client = openai.OpenAI(base_url=proc.url + '/v1', api_key='x', max_retries=0)
+        assert client.chat.completions.create(model='g', messages=[user('hi')]).choices[0].message.content \
+            == 'echo: hi | users: 1 | previous: - | system: no'
+        assert [r['path'] for r in proc.requests()] == ['/v1/chat/completions']
+        proc.fail(503, headers={'retry-after-ms': '1'})
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(model='g', messages=[user('hi')])
+        proc.clear()
+        assert proc.requests() == []
+        proc.set_latency(0.2)
+        started = time.perf_counter()
+        client.chat.completions.create(model='g', messages=[user('hi')])
+        assert time.perf_counter() - started >= 0.2
+        process = proc.process
+    assert process.poll() is not None
