@@ -1,0 +1,105 @@
+"""Several server processes sharing one real Redis: any of them continues any conversation."""
+
+import shutil
+import signal
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+import requests
+
+from llmconn.demo import start_server, stop
+from llmconn.testing.fake_server import FakeProviderServer
+
+ROOT = Path(__file__).resolve().parent.parent
+REDIS_URL = 'redis://127.0.0.1:6379/0'
+
+PID_SERVICE = '''
+import os
+
+from llmconn.service import Service
+
+
+class Pid(Service):
+    name = 'test.pid'
+
+    def handle(self):
+        self.response.payload = {'pid': os.getpid()}
+'''
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope='module')
+def setup(tmp_path_factory):
+    try:
+        redis.Redis.from_url(REDIS_URL).ping()
+    except redis.RedisError:
+        pytest.skip(f'needs a Redis at {REDIS_URL}')
+    tmp = tmp_path_factory.mktemp('workers')
+    services = tmp / 'services'
+    services.mkdir()
+    shutil.copy(ROOT / 'services' / 'demo_llm.py', services / 'demo_llm.py')
+    (services / 'pid.py').write_text(PID_SERVICE)
+    with FakeProviderServer() as fake:
+        config = tmp / 'llm.yaml'
+        config.write_text(f'''
+redis: {{url: "{REDIS_URL}"}}
+skills_dir: {ROOT / 'etc' / 'skills'}
+llm:
+  - name: Support
+    model: claude-sonnet-4-5
+    address: {fake.url}
+    chat_expiry: 60             # test chats clean themselves up
+''')
+        yield config, services
+
+
+def test_one_chat_alternating_between_two_servers_keeps_its_history(setup):
+    config, services = setup
+    ports = [free_port(), free_port()]
+    procs = [start_server(config, services, port) for port in ports]
+    who = f'worker-test-{uuid.uuid4().hex}'
+    try:
+        replies = []
+        for turn in range(4):
+            port = ports[turn % 2]
+            response = requests.post(f'http://127.0.0.1:{port}/demo.llm.support-chat',
+                                     json={'user_id': who, 'text': f'message {turn}'}, timeout=10)
+            assert response.status_code == 200, response.text
+            replies.append(response.json()['reply'])
+        pids = {requests.post(f'http://127.0.0.1:{p}/test.pid', timeout=5).json()['pid'] for p in ports}
+    finally:
+        for proc in procs:
+            stop(proc)
+    assert len(pids) == 2
+    for turn, reply in enumerate(replies):
+        previous = f'message {turn - 1}' if turn else '-'
+        assert f'echo: message {turn} | users: {turn + 1} | previous: {previous}' in reply
+
+
+def test_workers_share_one_port_and_stop_together(setup):
+    config, services = setup
+    port = free_port()
+    proc = start_server(config, services, port, extra=['--workers', '2'])
+    try:
+        pids = set()
+        for _ in range(60):
+            # A fresh connection each time: the kernel spreads new connections over the workers.
+            response = requests.post(f'http://127.0.0.1:{port}/test.pid', headers={'Connection': 'close'},
+                                     timeout=5)
+            pids.add(response.json()['pid'])
+            if len(pids) == 2:
+                break
+        assert len(pids) == 2 and proc.pid not in pids
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f'http://127.0.0.1:{port}/health', timeout=2)
