@@ -1,0 +1,127 @@
+"""FakeConnection and FakeRegistry: the in-memory doubles services are unit-tested with."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmconn.errors import InvalidInput, LLMError, UnknownConnection
+from llmconn.testing import FakeConnection, FakeRegistry
+from llmconn.types import Event
+
+
+def test_queued_replies_come_back_in_order_then_the_echo():
+    conn = FakeConnection(['first', {'text': 'second', 'model': 'm1'}])
+    assert conn.invoke('a')['text'] == 'first'
+    second = conn.invoke('b')
+    assert (second['text'], second['model']) == ('second', 'm1')
+    assert second['usage'] == {'input_tokens': 1, 'output_tokens': 1}
+    assert conn.invoke('c d', skill='helper')['text'] == 'echo: c d | users: 1 | previous: - | system: yes'
+
+
+def test_a_queued_exception_is_raised_and_nothing_is_saved():
+    error = LLMError('provider down', status=503)
+    conn = FakeConnection([error])
+    with pytest.raises(LLMError) as info:
+        conn.chat('hi', chat_id='c1')
+    assert info.value is error
+    assert conn.history('c1') == []
+    conn.add_reply(TimeoutError)
+    with pytest.raises(TimeoutError):
+        conn.chat('hi', chat_id='c1')
+
+
+def test_calls_are_recorded():
+    conn = FakeConnection()
+    conn.chat('hi', chat_id='c1', skill='s', temperature=0.5)
+    conn.invoke('yo')
+    assert conn.calls == [
+        {'method': 'chat', 'text': 'hi', 'chat_id': 'c1', 'skill': 's', 'params': {'temperature': 0.5}},
+        {'method': 'invoke', 'text': 'yo', 'chat_id': '', 'skill': '', 'params': {}},
+    ]
+
+
+def test_chat_keeps_history_per_chat_and_the_echo_sees_it():
+    conn = FakeConnection()
+    conn.chat('my name is Ann', chat_id='c1')
+    reply = conn.chat('what is my name?', chat_id='c1')
+    assert reply['text'] == 'echo: what is my name? | users: 2 | previous: my name is Ann | system: no'
+    assert conn.chat('hello', chat_id='c2')['text'].startswith('echo: hello | users: 1')
+    assert conn.history('c1') == [
+        {'role': 'user', 'content': 'my name is Ann'},
+        {'role': 'assistant', 'content': 'echo: my name is Ann | users: 1 | previous: - | system: no'},
+        {'role': 'user', 'content': 'what is my name?'},
+        {'role': 'assistant', 'content': reply['text']},
+    ]
+    conn.delete_history('c1')
+    assert conn.history('c1') == []
+    assert conn.history('c2')
+
+
+def test_chat_without_chat_id_is_invoke():
+    conn = FakeConnection()
+    conn.chat('one')
+    assert conn.chat('two')['text'].startswith('echo: two | users: 1')
+
+
+def test_the_echo_counts_only_the_window():
+    conn = FakeConnection(max_history_turns=2)
+    for text in ('a', 'b', 'c'):
+        reply = conn.chat(text, chat_id='c')
+    assert reply['text'] == 'echo: c | users: 2 | previous: b | system: no'
+    assert len(conn.history('c')) == 6
+
+
+def test_stream_yields_deltas_then_done_and_saves_the_turn():
+    conn = FakeConnection([{'text': 'one two three four five', 'thinking': 'hmm'}])
+    events = list(conn.stream('hi', chat_id='c'))
+    assert all(isinstance(e, Event) for e in events)
+    assert [e.type for e in events][0] == 'thinking' and events[-1].type == 'done'
+    assert [e.type for e in events].count('done') == 1
+    assert ''.join(e.text for e in events if e.type == 'text') == 'one two three four five'
+    assert events[-1].result['text'] == 'one two three four five'
+    assert conn.history('c')[-1]['content'] == 'one two three four five'
+
+
+def test_stream_raises_a_queued_error_when_iterated():
+    conn = FakeConnection([LLMError('boom')])
+    events = conn.stream('hi')
+    with pytest.raises(LLMError):
+        next(events)
+
+
+@pytest.mark.parametrize('call', [
+    lambda c: c.invoke(''),
+    lambda c: c.invoke('   '),
+    lambda c: c.invoke(42),
+    lambda c: c.chat('hi', chat_id=7),
+    lambda c: c.chat('hi', chat_id='x' * 257),
+    lambda c: c.stream(''),
+    lambda c: c.history(''),
+])
+def test_bad_arguments_raise_invalid_input_before_anything_happens(call):
+    conn = FakeConnection(['kept'])
+    with pytest.raises(InvalidInput):
+        call(conn)
+    assert conn.replies[0] == 'kept'
+
+
+def test_ping_returns_or_raises_what_it_is_told():
+    conn = FakeConnection()
+    assert conn.ping() is True
+    conn.ping_result = LLMError('unreachable')
+    with pytest.raises(LLMError):
+        conn.ping()
+
+
+def test_registry_looks_up_by_name():
+    claude, gpt = FakeConnection(name='Claude'), FakeConnection(name='GPT')
+    registry = FakeRegistry({'Claude': claude, 'GPT': gpt})
+    assert registry['Claude'] is claude
+    assert 'GPT' in registry and 'Gemini' not in registry
+    assert len(registry) == 2 and list(registry) == ['Claude', 'GPT']
+    with pytest.raises(UnknownConnection) as info:
+        registry['Gemini']
+    assert isinstance(info.value, KeyError)
+    assert '"Claude"' in str(info.value) and '"GPT"' in str(info.value)
+    registry.close()
+    assert registry.closed and claude.closed and gpt.closed
