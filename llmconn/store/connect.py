@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from typing import Any, Callable
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -76,7 +76,9 @@ def mask_url(url: str) -> str:
         if query:
             fields = [(k, '***' if k.lower() == 'password' else v) for k, v in parse_qsl(query, keep_blank_values=True)]
             query = urlencode(fields, safe='*')
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+        # Not urlunsplit: it turns unix:///path into unix:/path.
+        shown = f'{parts.scheme}://{netloc}{parts.path}'
+        return shown + (f'?{query}' if query else '') + (f'#{parts.fragment}' if parts.fragment else '')
     except ValueError:
         # Unparseable: show only the scheme rather than risk showing a password.
         return url.partition('://')[0] + '://***'
