@@ -36,7 +36,7 @@ def start_fake_provider(port: int, host: str = '127.0.0.1', latency: float = 0.0
     command = [sys.executable, '-m', 'llmconn', 'fake-provider', '--host', host, '--port', str(port),
                '--latency', str(latency)]
     proc = subprocess.Popen(command, env=env)
-    wait_until_up(f'http://{host}:{port}/v1/models', proc)
+    _wait_or_stop(f'http://{host}:{port}/v1/models', proc)
     return proc
 
 
@@ -46,8 +46,17 @@ def start_server(config: str, services: str, port: int, host: str = '127.0.0.1',
     argv = ['--config', str(config), '--services', str(services), '--host', host, '--port', str(port), *extra]
     proc = subprocess.Popen(serve_command(argv), env=env, **popen)
     if wait:
-        wait_until_up(f'http://{host}:{port}/health', proc)
+        _wait_or_stop(f'http://{host}:{port}/health', proc)
     return proc
+
+
+def _wait_or_stop(url: str, proc: subprocess.Popen) -> None:
+    # Interrupted or failed while waiting: the caller never gets the process, so stop it here.
+    try:
+        wait_until_up(url, proc)
+    except BaseException:
+        stop(proc)
+        raise
 
 
 def wait_until_up(url: str, proc: subprocess.Popen | None = None, timeout: float = STARTUP_TIMEOUT) -> None:
@@ -108,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--provider-port', type=int, default=DEFAULT_PROVIDER_PORT)
     args = parser.parse_args(argv)
     env = dict(os.environ)
-    # SIGTERM (e.g. from make or a supervisor) cleans up like Ctrl-C does.
+    # SIGTERM (from make or a supervisor) cleans up as Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)     # even when started in the background, where it is ignored
     provider = server = None
     try:
         if env.get('ANTHROPIC_API_KEY') and not env.get('LLMCONN_PROVIDER_ADDRESS'):

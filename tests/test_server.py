@@ -522,3 +522,35 @@ def test_sse_failure_before_the_first_event_gets_a_plain_status(host, fake):
     fake.fail(500)
     response = host.post('demo.llm.support-chat-stream', {'user_id': user(), 'text': 'hi'})
     assert_safe_error(response, 502)
+
+
+# -- make run ----------------------------------------------------------------------------------
+
+def test_demo_launcher_serves_a_conversation_offline_and_cleans_up(tmp_path):
+    import os
+    import subprocess
+    import sys
+    port, provider_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('REDIS_URL', 'ANTHROPIC_API_KEY', 'LLMCONN_PROVIDER_ADDRESS', 'LLMCONN_API_KEY')}
+    demo = subprocess.Popen([sys.executable, '-m', 'llmconn.demo', '--port', str(port),
+                             '--provider-port', str(provider_port)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        lines = []
+        for line in demo.stdout:
+            lines.append(line)
+            if line.startswith('Ctrl-C'):
+                break
+        commands = [line.strip() for line in lines if line.strip().startswith('curl -s ')]
+        assert len(commands) >= 2
+        # Run the printed commands as a user would paste them.
+        answers = [subprocess.run(c, shell=True, capture_output=True, text=True, timeout=10).stdout
+                   for c in commands[:2]]
+        assert 'users: 2 | previous: Hi, my name is Ann' in json.loads(answers[1])['reply']
+    finally:
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(15) == 0
+    for p in (port, provider_port):
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f'http://127.0.0.1:{p}/health', timeout=2)
