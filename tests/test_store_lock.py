@@ -1,0 +1,237 @@
+"""The per-chat lock, one test per failure mode, against a real Redis (threads of one process)."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import pytest
+
+from llmconn.errors import ChatBusy, LockLost
+from llmconn.store import chat_keys, open_store
+from llmconn.types import Turn
+
+TTL = 5.0
+
+
+@pytest.fixture
+def store(redis_url):
+    store = open_store(redis_url)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def other(redis_url):
+    """A second store: another server of the same environment."""
+    store = open_store(redis_url)
+    yield store
+    store.close()
+
+
+def turn(text: str) -> Turn:
+    return Turn(user=text, assistant='ok', ts=time.time())
+
+
+def run_threads(count: int, target) -> None:
+    errors = []
+
+    def guarded(i):
+        try:
+            target(i)
+        except BaseException as exc:     # surfaced below, not lost in a thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+
+
+def assert_serialized(turns: list[Turn], expected: int) -> None:
+    """Turn k was written by a call that saw exactly the k turns before it."""
+    assert len(turns) == expected
+    assert [int(t.user.split('saw=')[1]) for t in turns] == list(range(expected))
+
+
+def contend(store, conn: str, threads: int, calls: int) -> None:
+    def worker(i):
+        for j in range(calls):
+            with store.begin(conn, 'shared', window=1000, lock_ttl=TTL, lock_wait=30) as lock:
+                seen = len(lock.turns)
+                time.sleep(0.001)          # widen the window for interleaving, were it possible
+                lock.save(turn(f'{i}.{j} saw={seen}'), expiry=60, max_turns=1000)
+
+    run_threads(threads, worker)
+
+
+def test_concurrent_threads_are_serialized(store, unique):
+    contend(store, unique, threads=8, calls=5)
+    assert_serialized(store.history(unique, 'shared'), 40)
+
+
+def test_concurrent_threads_in_memory_store_are_serialized(unique):
+    store = open_store(f'memory://{unique}')
+    contend(store, 'conn', threads=6, calls=5)
+    assert_serialized(store.history('conn', 'shared'), 30)
+    store.close()
+
+
+def test_different_chats_do_not_wait_for_each_other(store, unique):
+    with store.begin(unique, 'one', window=5, lock_ttl=TTL, lock_wait=0):
+        with store.begin(unique, 'two', window=5, lock_ttl=TTL, lock_wait=0):
+            pass
+
+
+def test_lock_wait_exceeded_raises_chat_busy(store, other, unique):
+    with store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0):
+        started = time.monotonic()
+        with pytest.raises(ChatBusy, match='lock_wait'):
+            other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0.3)
+        assert 0.3 <= time.monotonic() - started < 1.0
+        with pytest.raises(ChatBusy):
+            other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0)
+
+
+def test_release_hands_over_to_a_waiter_within_milliseconds(store, other, unique):
+    delays = []
+    for i in range(20):
+        holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+        acquired = []
+
+        def waiter():
+            lock = other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+            acquired.append(time.perf_counter())
+            lock.release()
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        time.sleep(0.02)                   # let the waiter block in BLPOP
+        released = time.perf_counter()
+        if i % 2:
+            holder.release()
+        else:
+            holder.save(turn(f'm{i}'), expiry=60, max_turns=100)
+        thread.join(5)
+        delays.append(acquired[0] - released)
+    # A missed wake-up would cost the 1 s BLPOP cap; polling would cost its interval.
+    assert statistics.median(delays) < 0.005, delays
+    assert max(delays) < 0.5, delays
+
+
+def test_waiting_sends_no_polling_commands(store, other, unique):
+    sent = []
+    original = other._wire.call
+    other._wire.call = lambda *args: sent.append(args[0]) or original(*args)
+    holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    threading.Timer(0.6, holder.release).start()
+    started = time.monotonic()
+    other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).release()
+    assert time.monotonic() - started < 0.9        # woken by the release, not by the 1 s cap
+    # BEGIN (busy), one BLPOP woken by the release, BEGIN (taken), RELEASE.
+    assert sent == ['EVALSHA', 'BLPOP', 'EVALSHA', 'EVALSHA']
+
+
+def test_a_lost_wake_up_costs_at_most_the_cap(store, other, unique, redis_client):
+    holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    # The lock vanishes without a release (as when it expires): nobody pushes a wake-up.
+    threading.Timer(0.1, redis_client.delete, args=(chat_keys(unique, 'c').lock,)).start()
+    started = time.monotonic()
+    other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).release()
+    assert time.monotonic() - started < 1.5
+    holder.release()
+
+
+def test_waiter_wakes_when_a_short_lock_expires(store, other, unique, redis_client):
+    # A holder that stopped renewing: its lock runs out after lock_ttl, the waiter's BLPOP with it.
+    token = 'dead-holder'
+    redis_client.set(chat_keys(unique, 'c').lock, token, px=300)
+    started = time.monotonic()
+    other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).release()
+    assert 0.25 < time.monotonic() - started < 0.6
+
+
+def test_renewal_keeps_a_lock_alive_past_its_ttl(store, other, unique, redis_client):
+    lock = store.begin(unique, 'c', window=5, lock_ttl=0.5, lock_wait=TTL)
+    time.sleep(1.5)
+    assert redis_client.pttl(chat_keys(unique, 'c').lock) > 0
+    with pytest.raises(ChatBusy):
+        other.begin(unique, 'c', window=5, lock_ttl=0.5, lock_wait=0.1)
+    lock.save(turn('long call'), expiry=60, max_turns=10)
+    assert [t.user for t in store.history(unique, 'c')] == ['long call']
+
+
+def test_save_after_the_lock_expired_raises_lock_lost_and_stores_nothing(store, unique, redis_client):
+    lock = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    redis_client.delete(chat_keys(unique, 'c').lock)       # as if it had expired
+    with pytest.raises(LockLost, match='not saved'):
+        lock.save(turn('late'), expiry=60, max_turns=10)
+    assert store.history(unique, 'c') == []
+
+
+def test_stale_holder_cannot_save_over_or_release_the_new_holders_lock(store, other, unique, redis_client):
+    stale = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    redis_client.delete(chat_keys(unique, 'c').lock)       # expired while the holder was paused
+    fresh = other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0)
+    with pytest.raises(LockLost):
+        stale.save(turn('stale'), expiry=60, max_turns=10)
+    stale.release()
+    assert redis_client.exists(chat_keys(unique, 'c').lock)
+    fresh.save(turn('fresh'), expiry=60, max_turns=10)
+    assert [t.user for t in store.history(unique, 'c')] == ['fresh']
+
+
+def test_renewer_marks_a_taken_lock_lost(store, other, unique, redis_client):
+    stale = store.begin(unique, 'c', window=5, lock_ttl=0.3, lock_wait=TTL)
+    redis_client.delete(chat_keys(unique, 'c').lock)
+    fresh = other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0)
+    deadline = time.monotonic() + 2
+    while not stale.lost and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert stale.lost
+    assert redis_client.get(chat_keys(unique, 'c').lock) == fresh._token.encode()
+    with pytest.raises(LockLost):
+        stale.save(turn('stale'), expiry=60, max_turns=10)
+    fresh.release()
+
+
+def test_release_is_idempotent_and_a_no_op_after_save(store, other, unique):
+    lock = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    lock.release()
+    lock.release()
+    lock = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0)
+    lock.save(turn('m0'), expiry=60, max_turns=10)
+    held_by_other = other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0)
+    lock.release()                                       # must not free the other's lock
+    with pytest.raises(ChatBusy):
+        store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0)
+    held_by_other.release()
+
+
+def test_saving_twice_raises_lock_lost(store, unique):
+    lock = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    lock.save(turn('m0'), expiry=60, max_turns=10)
+    with pytest.raises(LockLost, match='already saved or released'):
+        lock.save(turn('m1'), expiry=60, max_turns=10)
+    assert len(store.history(unique, 'c')) == 1
+
+
+def test_with_block_releases_on_error(store, unique):
+    with pytest.raises(RuntimeError):
+        with store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL):
+            raise RuntimeError('provider failed')
+    store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0).release()
+    assert store.history(unique, 'c') == []
+    assert not store._held                  # nothing left for the renewer
+
+
+def test_repeated_begin_of_the_same_call_does_not_wait_for_itself(store, unique):
+    # A BEGIN retried after its reply was lost finds its own token and counts as taken.
+    lock = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    keys = chat_keys(unique, 'c')
+    taken, _ = store._run(store._begin, (keys.lock, keys.turns, keys.waiting), (lock._token, 5000, 5))
+    assert taken == 1
+    lock.release()
