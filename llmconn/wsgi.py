@@ -258,13 +258,19 @@ def _json(status: int, data: Any) -> tuple:
 
 
 def _read_body(environ: dict) -> bytes:
+    stream = environ['wsgi.input']
+    if not environ.get('CONTENT_LENGTH') and environ.get('HTTP_TRANSFER_ENCODING', '').lower() == 'chunked':
+        raw = stream.read(MAX_BODY_BYTES + 1)
+        if len(raw) > MAX_BODY_BYTES:
+            raise HTTPFailure(413, f'the request body is larger than the limit of {MAX_BODY_BYTES} bytes')
+        return raw
     try:
         length = int(environ.get('CONTENT_LENGTH') or 0)
     except ValueError:
         raise HTTPFailure(400, 'the Content-Length header is not a number') from None
     if length > MAX_BODY_BYTES:
         raise HTTPFailure(413, f'the request body has {length} bytes, more than the limit of {MAX_BODY_BYTES}')
-    return environ['wsgi.input'].read(length) if length else b''
+    return stream.read(length) if length else b''
 
 
 def _parse_json(raw: bytes) -> Any:

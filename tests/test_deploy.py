@@ -5,6 +5,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -218,6 +219,30 @@ def test_new_changed_broken_and_removed_files_through_the_server(served):
     assert call(url, 'test.hot') == (200, {'answer': 'v2'})     # the previous version keeps serving
     path.unlink()
     eventually(lambda: call(url, 'test.hot')[0] == 404)
+
+
+def test_requests_during_redeploys_always_see_a_whole_version(served):
+    url, services, _, _ = served
+    path = services / 'steady.py'
+    write(path, service_source('test.steady', 0))
+    eventually(lambda: call(url, 'test.steady')[0] == 200)
+    seen, stop_flag = [], threading.Event()
+
+    def hammer():
+        with requests.Session() as session:
+            while not stop_flag.is_set():
+                response = session.post(f'{url}/test.steady', json={}, timeout=5)
+                seen.append((response.status_code, response.json()))
+
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    for version in range(1, 5):
+        write(path, service_source('test.steady', version))
+        eventually(lambda: seen and seen[-1][1] == {'answer': version})
+    stop_flag.set()
+    thread.join()
+    assert all(status == 200 and set(body) == {'answer'} for status, body in seen)
+    path.unlink()
 
 
 def test_config_edit_reloads_and_a_bad_edit_keeps_the_old_registry(served):

@@ -554,3 +554,8 @@ def test_demo_launcher_serves_a_conversation_offline_and_cleans_up(tmp_path):
     for p in (port, provider_port):
         with pytest.raises(requests.ConnectionError):
             requests.get(f'http://127.0.0.1:{p}/health', timeout=2)
+
+
+def test_chunked_request_body_is_read(host):
+    response = host.session.post(f'{host.url}/test.echo', data=iter([b'{"a": ', b'"chunked"}']), timeout=5)
+    assert response.status_code == 200 and response.json()['a'] == 'chunked'
