@@ -613,3 +613,16 @@ def test_spawned_subprocess_is_shared_and_controlled_over_http():
         assert time.perf_counter() - started >= 0.2
         process = proc.process
     assert process.poll() is not None
+
+
+def test_deleted_or_evicted_responses_cannot_be_continued(oai, monkeypatch):
+    from llmconn.testing import fake_app
+    first = oai.responses.create(model='gpt-5', input='one')
+    oai.responses.delete(first.id)
+    with pytest.raises(openai.BadRequestError):
+        oai.responses.create(model='gpt-5', input='two', previous_response_id=first.id)
+    monkeypatch.setattr(fake_app, 'MAX_STORED_RESPONSES', 2)
+    oldest, *newer = [oai.responses.create(model='gpt-5', input=str(i)) for i in range(3)]
+    with pytest.raises(openai.BadRequestError):
+        oai.responses.create(model='gpt-5', input='x', previous_response_id=oldest.id)
+    assert oai.responses.create(model='gpt-5', input='x', previous_response_id=newer[0].id).output_text

@@ -30,6 +30,9 @@ from llmconn.testing.fake_common import ApiError, Call, JSONAnswer, Signer, Stre
 
 CONTROL_PREFIX = '/_fake/'
 STREAM_FAULTS = ('break', 'error')
+# Bounds for long benchmark runs: the oldest records and stored responses go first.
+MAX_RECORDED = 100_000
+MAX_STORED_RESPONSES = 100_000
 GARBAGE = b'<html><body><h1>502 Bad Gateway</h1>this is not JSON</body></html>'
 
 _STATUS_TEXT = {200: 'OK', 400: 'Bad Request', 401: 'Unauthorized', 403: 'Forbidden', 404: 'Not Found',
@@ -45,12 +48,13 @@ class FakeState:
 
     def __init__(self, latency: float = 0.0, api_key: str | None = None) -> None:
         self.lock = threading.Lock()
-        self.recorded: list[dict] = []
+        self.recorded: deque = deque(maxlen=MAX_RECORDED)
         self.faults: deque = deque()
         self.stream_faults: deque = deque()
         self.latency = float(latency)
         self.api_key = api_key
         self.signer = Signer()
+        # Responses API state: response id -> record, and the ids of the items they output.
         self.responses: dict[str, dict] = {}
         self.items: set[str] = set()
 
@@ -59,6 +63,15 @@ class FakeState:
                  'query': call.query, 'time': time.time()}
         with self.lock:
             self.recorded.append(entry)
+
+    def store_response(self, response_id: str, record: dict, item_ids: list[str]) -> None:
+        """Keep a Responses API response so later requests can continue from it."""
+        record['item_ids'] = item_ids
+        self.responses[response_id] = record
+        self.items.update(item_ids)
+        while len(self.responses) > MAX_STORED_RESPONSES:
+            oldest = self.responses.pop(next(iter(self.responses)))
+            self.items.difference_update(oldest['item_ids'])
 
     def snapshot(self) -> list[dict]:
         with self.lock:

@@ -118,8 +118,8 @@ def responses(call: Call) -> JSONAnswer | StreamAnswer:
         'metadata': body.get('metadata') or {},
     }
     if response['store']:
-        call.state.responses[response['id']] = {'response': response, 'context': context + [('assistant', text)]}
-        call.state.items.update(item['id'] for item in output)
+        call.state.store_response(response['id'], {'response': response, 'context': context + [('assistant', text)]},
+                                  [item['id'] for item in output])
     if body.get('stream'):
         return _stream(response)
     return JSONAnswer(200, response)
@@ -133,6 +133,7 @@ def stored(call: Call) -> JSONAnswer:
         raise error(404, f"No response found with id '{response_id}'.")
     if call.method == 'DELETE':
         del call.state.responses[response_id]
+        call.state.items.difference_update(record.get('item_ids', ()))
         return JSONAnswer(200, {'id': response_id, 'object': 'response.deleted', 'deleted': True})
     return JSONAnswer(200, record['response'])
 

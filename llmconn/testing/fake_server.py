@@ -41,6 +41,7 @@ STOP_TIMEOUT = 10.0
 # Open keep-alive connections would hold stop() for gevent's whole default second.
 STOP_GRACE = 0.1
 API_KEY_ENV = 'LLMCONN_FAKE_API_KEY'
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -204,6 +205,8 @@ class FakeProviderServer:
         env.pop(API_KEY_ENV, None)
         if api_key is not None:
             env[API_KEY_ENV] = api_key   # not argv: other processes can read a command line
+        # The child imports this very llmconn, wherever the test runs from.
+        env['PYTHONPATH'] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get('PYTHONPATH')]))
         argv = [sys.executable, '-m', 'llmconn.testing.fake_server', '--host', host,
                 '--port', str(port), '--latency', str(latency)]
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, text=True)
