@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmconn.testing.fake_common import (
-    REDACT_PREFIX, THINK_PREFIX, ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id, now,
+    REDACT_PREFIX, THINK_PREFIX, ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id,
     reply_text, require_json_object, text_chunks)
 
 NAME = 'claude'

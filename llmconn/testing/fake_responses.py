@@ -11,7 +11,7 @@ replayed reasoning item without it must name an item this server stored.
 from __future__ import annotations
 
 from llmconn.testing.fake_common import (
-    ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id, now, numbered, reply_text,
+    Call, JSONAnswer, StreamAnswer, count_words, new_id, now, numbered, reply_text,
     require_json_object, text_chunks)
 from llmconn.testing.fake_openai import SYSTEM_ROLES, content_text, empty_array, error, missing
 

@@ -13,6 +13,16 @@ in-process it runs its own gevent hub in a dedicated OS thread (hubs are per
 thread), and :meth:`FakeProviderServer.spawn` runs it in a subprocess that
 several test processes can share. Either way each request sleeps its
 latency in its own greenlet, so concurrent requests overlap.
+
+Control API (what the in-process methods do, for other processes)::
+
+    GET    /_fake/requests      recorded requests, oldest first
+    DELETE /_fake/requests      forget them
+    POST   /_fake/faults        {"status": 429, "count": 1, "headers": {...}, "body": {...}}
+                                {"hang": 2.0} | {"garbage": true} | {"stream_break": true} | {"stream_error": true}
+    DELETE /_fake/faults        drop queued faults
+    POST   /_fake/latency       {"seconds": 0.05}
+    GET    /_fake/health        {"ok": true}
 """
 
 from __future__ import annotations
