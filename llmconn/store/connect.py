@@ -46,7 +46,11 @@ _memory_warned = False
 
 
 def open_store(url: str, *, clock: Callable[[], float] | None = None) -> ChatStore:
-    """A :class:`ChatStore` for ``url``; connects lazily, on the first command."""
+    """A :class:`ChatStore` for ``url``; connects lazily, on the first command.
+
+    ``clock`` (default ``time.monotonic``) measures ``lock_wait``, so tests
+    can make a waiter give up without waiting in real time.
+    """
     display = mask_url(url)
     scheme = url.partition('://')[0].lower() if '://' in url else ''
     if scheme == MEMORY_SCHEME:

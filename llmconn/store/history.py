@@ -24,9 +24,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmconn.errors import ChatBusy, StoreError
 from llmconn.store import scripts
-from llmconn.store.scripts import TURN_SEPARATOR, WAKE_WAIT_CAP
 from llmconn.store.keys import ChatKeys, chat_keys
 from llmconn.store.lock import ChatLock, LockRenewer
+from llmconn.store.scripts import TURN_SEPARATOR, WAKE_WAIT_CAP
 from llmconn.store.wire import NoConnectionAvailable, Wire
 from llmconn.types import Turn
 
@@ -38,7 +38,12 @@ MAX_CACHED_TURN_BYTES = 8 * 1024 * 1024
 
 _from_dict = Turn.from_dict
 _loads = json.loads
-_new_token = lambda: os.urandom(16).hex()      # noqa: E731 - one syscall, unique across processes
+
+
+def _new_token() -> str:
+    """A lock token no other call in any process will hold: 128 random bits, one syscall."""
+    return os.urandom(16).hex()
+
 
 # Stores of this process, so a forked child starts without its parent's renewer and locks.
 _stores: 'weakref.WeakSet[ChatStore]' = weakref.WeakSet()
