@@ -103,9 +103,10 @@ class Connection:
             yield from self._call(Request(text, system, (), params, stream))
             return
         conf = self.conf
-        lock = self.store.begin(self.name, chat_id, window=conf.max_history_turns - 1,
-                                lock_ttl=conf.lock_ttl, lock_wait=conf.lock_wait)
-        try:
+        # The lock is released on every way out; if that release fails while another error is
+        # already on its way out, the store logs it rather than hide the first error.
+        with self.store.begin(self.name, chat_id, window=conf.max_history_turns - 1,
+                              lock_ttl=conf.lock_ttl, lock_wait=conf.lock_wait) as lock:
             request, chain = self._chat_request(lock.turns, text, system, params, stream)
             done = None
             for event in self._call_reseeding(request, lock.turns):
@@ -123,8 +124,6 @@ class Connection:
                            ts=mod_time.time()),
                       expiry=conf.chat_expiry, max_turns=conf.max_stored_turns)
             yield done
-        finally:
-            lock.release()
 
     def _chat_request(self, window: list, text: str, system: str, params: dict, stream: bool):
         """The request for a chat call, and the provider-side chain length it makes (stateful mode)."""
