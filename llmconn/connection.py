@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time as mod_time
+from dataclasses import replace
 from typing import Any, Iterator
 
 from llmconn.config import ConnectionConfig
@@ -144,9 +145,10 @@ class Connection:
         except LLMError as e:
             if not _forgot_previous(e):
                 raise
-            # The local window is the truth; the provider's copy of the chain is gone.
-            yield from self._call(Request(request.text, request.system, tuple(window), request.params,
-                                          request.stream))
+            # The local window is the truth; the provider's copy of the chain is gone, and with it
+            # the stored items our turns' reasoning refers to, so those turns go back as plain text.
+            plain = tuple(replace(turn, items=()) for turn in window)
+            yield from self._call(Request(request.text, request.system, plain, request.params, request.stream))
             return
         yield first
         yield from events
@@ -187,9 +189,20 @@ class Connection:
 
 
 def _forgot_previous(error: LLMError) -> bool:
+    """The provider no longer knows the response we continue from (expired, deleted, restarted)."""
     body = error.provider_body
-    inner = body.get('error') if isinstance(body, dict) else None
-    return isinstance(inner, dict) and inner.get('code') == 'previous_response_not_found'
+    if not isinstance(body, dict):
+        return False
+    # An HTTP error nests it under "error"; a stream's error event carries it at the top.
+    for detail in (body.get('error'), body):
+        if not isinstance(detail, dict):
+            continue
+        if detail.get('code') == 'previous_response_not_found':
+            return True
+        # Some servers answer with a generic code but name the parameter.
+        if detail.get('param') == 'previous_response_id' and 'not found' in str(detail.get('message', '')).lower():
+            return True
+    return False
 
 
 def _check_text(text: Any) -> None:
