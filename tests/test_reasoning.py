@@ -30,6 +30,11 @@ def provider():
         yield server
 
 
+@pytest.fixture(autouse=True)
+def fresh_record(provider):
+    provider.clear()        # tests reuse message texts; each looks only at its own requests
+
+
 def conn_conf(name, provider_url, **fields):
     return {'name': name, 'provider': 'claude', 'model': MODEL, 'address': provider_url, 'max_retries': 0,
             'max_tokens': 2048, 'thinking': ENABLED, **fields}

@@ -18,7 +18,7 @@ import openai.types.responses
 import pytest
 
 from llmconn import InvalidInput, LLMError, Registry
-from llmconn.providers.base import SYSTEM
+from llmconn.providers.base import STREAM, SYSTEM
 from llmconn.store.keys import chat_keys
 from llmconn.testing.fake_server import FakeProviderServer
 
@@ -171,6 +171,26 @@ def test_stream_on_a_provider_without_the_capability_is_invalid_input(make, prov
         conn.stream('hello')
     assert provider.requests == []
     assert conn.chat('hello')['text'].startswith('echo: hello')
+
+
+def test_a_skill_on_a_provider_without_system_prompts_is_invalid_input(make, provider):
+    conn = make('openai')
+    conn.provider.capabilities = frozenset({STREAM})
+    provider.clear()
+    with pytest.raises(InvalidInput, match='"system"'):
+        conn.stream('hello', skill='anything')
+    assert provider.requests == []
+
+
+def test_gemini_thoughts_stream_before_the_text(make):
+    conn = make('gemini', params={'generationConfig': {'thinkingConfig': {'includeThoughts': True}}})
+    deltas, result = drain(conn.stream('think: why?'))
+    types = [t for t, _ in deltas]
+    assert types[0] == 'thinking' and 'thinking' not in types[types.index('text'):]
+    assert ''.join(text for t, text in deltas if t == 'thinking') == result['thinking'] == 'Thinking about: why?'
+    assert ''.join(text for t, text in deltas if t == 'text') == result['text']
+    unstreamed = conn.invoke('think: why?')
+    assert [result[k] for k in ('text', 'thinking', 'usage')] == [unstreamed[k] for k in ('text', 'thinking', 'usage')]
 
 
 # ---- streams that fail after HTTP 200
