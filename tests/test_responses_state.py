@@ -159,6 +159,13 @@ def test_provider_state_restarts_the_chain_so_the_window_stays_true(make, provid
         assert f'previous: w{i - 1} |' in result['text']
 
 
+def test_provider_state_with_a_one_turn_window_never_chains(make, provider):
+    conn = make(state='provider', max_history_turns=1)
+    results = [conn.chat(f'solo{i}', chat_id='one') for i in range(3)]
+    assert [users_seen(r) for r in results] == [1, 1, 1]
+    assert not any('previous_response_id' in bodies(provider, f'solo{i}')[-1] for i in range(3))
+
+
 def test_provider_state_reseeds_from_local_history_when_the_provider_forgot(make, provider):
     conn = make(state='provider')
     conn.chat('one', chat_id='f')

@@ -241,13 +241,31 @@ def drop_the_generator(conn, chat_id):
     return first
 
 
+def watch_provider_streams(conn) -> list:
+    """Record when the connection opens and closes its HTTP streams to the provider."""
+    seen = []
+    post_stream = conn.transport.post_stream
+
+    def watched(*args, **kwargs):
+        seen.append('opened')
+        try:
+            yield from post_stream(*args, **kwargs)
+        finally:
+            seen.append('closed')
+
+    conn.transport.post_stream = watched
+    return seen
+
+
 @pytest.mark.parametrize('stop', [close_after_first_text, break_out_of_for_loop, drop_the_generator])
 @pytest.mark.parametrize('kind', PROVIDERS)
 def test_a_consumer_that_stops_early_saves_nothing_and_frees_the_chat(make, redis_client, kind, stop):
     conn = make(kind, lock_wait=0)
     conn.chat('kept', chat_id='early')
+    provider_streams = watch_provider_streams(conn)
     first = stop(conn, 'early')
     assert first.type == 'text' and first.text
+    assert provider_streams == ['opened', 'closed'], 'the provider stream was left open'
     assert lock_is_free(conn, 'early', redis_client)
     assert user_texts(conn, 'early') == ['kept']
     assert 'users: 2 | previous: kept' in conn.chat('next', chat_id='early')['text']
