@@ -25,6 +25,18 @@ THINKING = 'thinking'
 REASONING_REPLAY = 'reasoning_replay'
 STATEFUL = 'stateful'
 
+# The event name the transport gives a stream request's answer that came as one plain JSON body
+# (a server that ignored "stream"); no real SSE event can be named this, it contains a space.
+JSON_BODY = 'json body'
+
+# OpenAI's end-of-stream marker; some servers imitating other providers send it too.
+DONE_MARKER = '[DONE]'
+
+# What an empty reply is replayed as. Claude and Gemini refuse an empty text block ("text content
+# blocks must be non-empty", "empty text parameter"), and Claude a turn ending in a thinking block,
+# so one refusal or exhausted max_tokens would otherwise break the chat for good.
+EMPTY_REPLY = '(no reply)'
+
 
 class SSE(tuple):
     """One server-sent event as ``(event, data)``; ``event`` is '' when the stream names none."""
@@ -109,6 +121,20 @@ class Provider:
     def done(reply: Reply) -> Event:
         return Event('done', result=reply.as_result(), reply=reply)
 
+    def unstreamed(self, body: Any) -> Iterator[Event]:
+        """The events of a whole answer that came back unstreamed (a :data:`JSON_BODY` event)."""
+        reply = self.parse_response(body)
+        if reply.thinking:
+            yield Event('thinking', text=reply.thinking)
+        if reply.text:
+            yield Event('text', text=reply.text)
+        yield self.done(reply)
+
+
+def said(turn: Turn) -> str:
+    """The assistant's text of a turn as it is replayed: never empty (see :data:`EMPTY_REPLY`)."""
+    return turn.assistant if turn.assistant.strip() else EMPTY_REPLY
+
 
 def check_reserved(reserved: frozenset[str], keys: Iterable[str], error: type[Exception]) -> None:
     """Refuse params that would overwrite what the mapping itself must set."""
@@ -128,3 +154,8 @@ def json_event(provider: Provider, sse: SSE) -> dict:
     if not isinstance(data, dict):
         raise provider.error('the provider sent a stream event that is not a JSON object', data)
     return data
+
+
+def is_done_marker(sse: SSE) -> bool:
+    """``data: [DONE]``: OpenAI's end of stream, which compatible servers also append to other formats."""
+    return sse.data.strip() == DONE_MARKER
