@@ -9,7 +9,10 @@ where it was made.
 
 Streaming rebuilds the whole Message from its events (as the SDK does) and
 parses that, so a streamed reply is exactly what the same answer unstreamed
-would give.
+would give. The rebuild does not insist on every event the real API sends
+(a delta for a block that was never started starts it), but a stream is
+complete only at ``message_stop``. Non-text blocks (``tool_use``, server tools) are kept in ``raw`` but never
+in ``text``.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import json
 from typing import Any, Iterable, Iterator
 
 from llmconn.errors import InvalidInput
-from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, Provider
-from llmconn.providers.base import check_reserved, json_event
+from llmconn.providers.base import JSON_BODY, REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, Provider
+from llmconn.providers.base import check_reserved, is_done_marker, json_event, said
 from llmconn.types import Event, Reply, Request, Turn
 
 ANTHROPIC_VERSION = '2023-06-01'
@@ -34,6 +37,10 @@ THINKING_SEPARATOR = '\n\n'
 # (thinking belongs in the connection, so the tag on stored thinking blocks stays true).
 RESERVED_PARAMS = frozenset({'model', 'messages', 'system', 'stream', 'thinking'})
 
+# Sampling params Anthropic refuses while thinking is on ("temperature may only be set to 1 when
+# thinking is enabled"; top_k not at all): refused here, before a call is paid for.
+_not_with_thinking = ('temperature', 'top_k')
+
 
 class ClaudeProvider(Provider):
     """Claude Messages, with extended thinking replayed to the model that produced it."""
@@ -46,6 +53,7 @@ class ClaudeProvider(Provider):
     def check_config(cls, conf) -> None:
         super().check_config(conf)
         check_reserved(RESERVED_PARAMS, conf.params, ValueError)
+        _check_sampling(conf, conf.params, ValueError)
 
     @property
     def mode(self) -> str:
@@ -66,6 +74,7 @@ class ClaudeProvider(Provider):
     def body_params(self, request: Request) -> dict[str, Any]:
         params = super().body_params(request)
         check_reserved(RESERVED_PARAMS, params, InvalidInput)
+        _check_sampling(self.conf, params, InvalidInput)
         return params
 
     # ---- request
@@ -90,22 +99,20 @@ class ClaudeProvider(Provider):
 
     def _assistant_content(self, turn: Turn) -> Any:
         if not self.replays_items(turn):
-            return turn.assistant
+            return said(turn)
         # Thinking blocks first, byte for byte, then what was said: the order Claude produced.
-        content = list(turn.items)
-        if turn.assistant:
-            content.append({'type': 'text', 'text': turn.assistant})
-        return content
+        # The text goes even when empty, as Claude refuses a message that ends with thinking.
+        return [*turn.items, {'type': 'text', 'text': said(turn)}]
 
     # ---- response
 
     def parse_response(self, body: Any) -> Reply:
         if not isinstance(body, dict) or body.get('type') == 'error' or 'content' not in body:
             raise self.error('Claude answered with something that is not a message; see provider_body', body)
-        blocks = body['content'] or []
-        text = ''.join(b.get('text', '') for b in blocks if b.get('type') == 'text')
+        blocks = [b for b in body['content'] or () if isinstance(b, dict)]
+        text = ''.join(b.get('text') or '' for b in blocks if b.get('type') == 'text')
         items = tuple(b for b in blocks if b.get('type') in _thinking_types)
-        thinking = THINKING_SEPARATOR.join(b.get('thinking', '') for b in items if b.get('type') == 'thinking')
+        thinking = THINKING_SEPARATOR.join(b.get('thinking') or '' for b in items if b.get('type') == 'thinking')
         input_tokens, output_tokens = _usage(body.get('usage') or {})
         return Reply(text=text, input_tokens=input_tokens, output_tokens=output_tokens, raw=body,
                      thinking=thinking, items=items, response_id=body.get('id', ''),
@@ -114,19 +121,24 @@ class ClaudeProvider(Provider):
     def parse_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
         state = _StreamState()
         for sse in events:
+            if is_done_marker(sse):
+                continue
             data = json_event(self, sse)
+            if sse.event == JSON_BODY:
+                yield from self.unstreamed(data)
+                return
             kind = data.get('type') or sse.event
             if kind == 'error':
                 raise self.error(f'Claude reported an error mid-stream: {_error_message(data)}; '
                                  f'the reply was not saved, try again', data)
             if kind == 'message_stop':
-                if state.message is None:
-                    break
-                yield self.done(self.parse_response(state.finish()))
-                return
+                state.stopped = True
+                break
             yield from state.apply(kind, data)
-        raise self.error('the Claude stream ended before message_stop, so the reply is incomplete; '
-                         'try again', state.message)
+        if not state.complete:
+            raise self.error('the Claude stream ended before message_stop, so the reply is incomplete; '
+                             'try again', state.message)
+        yield self.done(self.parse_response(state.finish()))
 
 
 class _StreamState:
@@ -136,14 +148,19 @@ class _StreamState:
         self.message: dict | None = None
         self.blocks: dict[int, dict] = {}
         self.thinking_started = False
+        self.stopped = False        # message_stop came
+
+    @property
+    def complete(self) -> bool:
+        return self.stopped and (self.message is not None or bool(self.blocks))
 
     def apply(self, kind: str, data: dict) -> Iterator[Event]:
         if kind == 'message_start':
-            self.message = dict(data['message'])
+            self.message = dict(data.get('message') or {})
             self.message['usage'] = dict(self.message.get('usage') or {})
         elif kind == 'content_block_start':
-            block = dict(data['content_block'])
-            self.blocks[data['index']] = block
+            block = dict(data.get('content_block') or {'type': 'text', 'text': ''})
+            self.blocks[data.get('index', len(self.blocks))] = block
             if block.get('type') == 'thinking' and self.thinking_started:
                 yield Event('thinking', text=THINKING_SEPARATOR)
             if block.get('type') == 'thinking' and block.get('thinking'):
@@ -152,43 +169,74 @@ class _StreamState:
             elif block.get('type') == 'text' and block.get('text'):
                 yield Event('text', text=block['text'])
         elif kind == 'content_block_delta':
-            yield from self._delta(self.blocks[data['index']], data['delta'])
-        elif kind == 'message_delta' and self.message is not None:
-            self.message.update({k: v for k, v in (data.get('delta') or {}).items()})
+            delta = data.get('delta') or {}
+            block = self.blocks.setdefault(data.get('index', 0), _block_for(delta))
+            yield from self._delta(block, delta)
+        elif kind == 'message_delta':
+            message = self._started()
+            message.update(data.get('delta') or {})
             # Usage in message_delta is cumulative: it replaces, never adds to, message_start's.
-            self.message['usage'].update({k: v for k, v in (data.get('usage') or {}).items() if v is not None})
+            message['usage'].update({k: v for k, v in (data.get('usage') or {}).items() if v is not None})
         # ping and content_block_stop carry nothing to keep.
 
     def _delta(self, block: dict, delta: dict) -> Iterator[Event]:
         kind = delta.get('type')
         if kind == 'text_delta':
-            block['text'] = block.get('text', '') + delta['text']
-            if delta['text']:
-                yield Event('text', text=delta['text'])
+            text = delta.get('text') or ''
+            block['text'] = block.get('text', '') + text
+            if text:
+                yield Event('text', text=text)
         elif kind == 'thinking_delta':
-            block['thinking'] = block.get('thinking', '') + delta['thinking']
-            if delta['thinking']:
+            text = delta.get('thinking') or ''
+            block['thinking'] = block.get('thinking', '') + text
+            if text:
                 self.thinking_started = True
-                yield Event('thinking', text=delta['thinking'])
+                yield Event('thinking', text=text)
         elif kind == 'signature_delta':
-            block['signature'] = block.get('signature', '') + delta['signature']
+            block['signature'] = block.get('signature', '') + (delta.get('signature') or '')
         elif kind == 'citations_delta':
             block['citations'] = [*(block.get('citations') or []), delta['citation']]
         elif kind == 'input_json_delta':
             block['_partial_json'] = block.get('_partial_json', '') + delta.get('partial_json', '')
 
+    def _started(self) -> dict:
+        if self.message is None:
+            self.message = {'type': 'message', 'role': 'assistant', 'usage': {}}
+        return self.message
+
     def finish(self) -> dict:
-        message = dict(self.message or {})
+        message = dict(self._started())
         message['content'] = [_closed(self.blocks[i]) for i in sorted(self.blocks)]
         return message
+
+
+def _block_for(delta: dict) -> dict:
+    """The block a delta belongs to, for servers that send deltas without content_block_start."""
+    if delta.get('type') in ('thinking_delta', 'signature_delta'):
+        return {'type': 'thinking', 'thinking': '', 'signature': ''}
+    if delta.get('type') == 'input_json_delta':
+        return {'type': 'tool_use', 'input': {}}
+    return {'type': 'text', 'text': ''}
 
 
 def _closed(block: dict) -> dict:
     if '_partial_json' in block:
         block = dict(block)
         partial = block.pop('_partial_json')
-        block['input'] = json.loads(partial) if partial else {}
+        try:
+            block['input'] = json.loads(partial) if partial else {}
+        except ValueError:
+            block['input'] = {'_partial_json': partial}     # tool input is not ours to judge; keep it
     return block
+
+
+def _check_sampling(conf, params: dict, error: type[Exception]) -> None:
+    if conf.thinking is None or conf.thinking.type == 'disabled':
+        return
+    refused = [k for k in _not_with_thinking if k in params and not (k == 'temperature' and params[k] == 1)]
+    if refused:
+        raise error(f'params {", ".join(refused)} cannot be used while thinking is on (Claude refuses them); '
+                    f'remove them or set thinking to disabled')
 
 
 def _usage(usage: dict) -> tuple[int, int]:

@@ -14,7 +14,10 @@ no text. Both become :class:`LLMError`.
 Streaming uses ``:streamGenerateContent?alt=sse``: every event is a whole
 GenerateContentResponse carrying the next piece of text, and there is no
 end marker, so a stream is complete only if some chunk carried a
-``finishReason``.
+``finishReason``. A server that ignores ``alt=sse`` answers with a JSON
+array of the same chunks, which the transport hands on one by one. The
+rebuilt answer keeps the latest ``usageMetadata`` any chunk carried, since
+the final chunk does not always repeat it.
 """
 
 from __future__ import annotations
@@ -24,13 +27,17 @@ from urllib.parse import quote
 
 from llmconn.errors import InvalidInput
 from llmconn.providers.base import SSE, STREAM, SYSTEM, Provider
-from llmconn.providers.base import check_reserved, json_event
+from llmconn.providers.base import check_reserved, is_done_marker, json_event, said
 from llmconn.types import Event, Reply, Request
 
 # Finish reasons of an answer that ended normally; any other one with no text means Gemini refused.
 _normal_finish = frozenset({'STOP', 'MAX_TOKENS', 'FINISH_REASON_UNSPECIFIED'})
 
 RESERVED_PARAMS = frozenset({'contents', 'systemInstruction', 'system_instruction'})
+
+# The API reads both spellings of a field, and refuses a body that sets one field under both
+# ("oneof field ... is already set"), so a snake_case generation_config is merged into ours.
+_generation_keys = ('generationConfig', 'generation_config')
 
 
 class GeminiProvider(Provider):
@@ -72,7 +79,7 @@ class GeminiProvider(Provider):
         contents = []
         for turn in request.history:
             contents.append({'role': 'user', 'parts': [{'text': turn.user}]})
-            contents.append({'role': 'model', 'parts': [{'text': turn.assistant}]})
+            contents.append({'role': 'model', 'parts': [{'text': said(turn)}]})
         contents.append({'role': 'user', 'parts': [{'text': request.text}]})
 
         body: dict[str, Any] = {'contents': contents}
@@ -80,7 +87,8 @@ class GeminiProvider(Provider):
             body['systemInstruction'] = {'parts': [{'text': request.system}]}
         generation = {'maxOutputTokens': self.conf.max_tokens}
         params = self.body_params(request)
-        generation.update(params.pop('generationConfig', None) or {})
+        for key in _generation_keys:
+            generation.update(params.pop(key, None) or {})
         body['generationConfig'] = generation
         body.update(params)
         return body
@@ -88,15 +96,15 @@ class GeminiProvider(Provider):
     # ---- response
 
     def parse_response(self, body: Any) -> Reply:
-        if not isinstance(body, dict) or 'error' in body:
+        if not isinstance(body, dict) or body.get('error'):
             raise self.error(f'Gemini answered with an error: {_error_text(body)}', body)
         self._check_not_blocked(body)
         candidates = body.get('candidates') or []
         if not candidates:
             raise self.error('Gemini answered without any candidate; see provider_body for why', body)
-        candidate = candidates[0]
-        parts = (candidate.get('content') or {}).get('parts') or []
-        text = ''.join(p.get('text', '') for p in parts if not p.get('thought'))
+        candidate = candidates[0] if isinstance(candidates[0], dict) else {}
+        parts = [p for p in (candidate.get('content') or {}).get('parts') or () if isinstance(p, dict)]
+        text = ''.join(p.get('text') or '' for p in parts if not p.get('thought'))
         finish = candidate.get('finishReason')
         if not text and finish and finish not in _normal_finish:
             raise self.error(f'Gemini stopped the answer (finishReason {finish}) before it said anything; '
@@ -106,7 +114,7 @@ class GeminiProvider(Provider):
                      input_tokens=usage.get('promptTokenCount') or 0,
                      # Thinking is billed as output, as Claude's and OpenAI's output counts include it.
                      output_tokens=(usage.get('candidatesTokenCount') or 0) + (usage.get('thoughtsTokenCount') or 0),
-                     raw=body, thinking=''.join(p.get('text', '') for p in parts if p.get('thought')),
+                     raw=body, thinking=''.join(p.get('text') or '' for p in parts if p.get('thought')),
                      response_id=body.get('responseId') or '', model=body.get('modelVersion') or '')
 
     def _check_not_blocked(self, body: dict) -> None:
@@ -118,8 +126,10 @@ class GeminiProvider(Provider):
     def parse_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
         answer = _Answer()
         for sse in events:
+            if is_done_marker(sse):
+                continue
             chunk = json_event(self, sse)
-            if 'error' in chunk:
+            if chunk.get('error'):
                 raise self.error(f'Gemini reported an error mid-stream: {_error_text(chunk)}; '
                                  f'the reply was not saved, try again', chunk)
             self._check_not_blocked(chunk)
@@ -137,15 +147,19 @@ class _Answer:
         self.chunks = 0
         self.parts: list[dict] = []
         self.finish = None
-        self.last: dict = {}
+        self.top: dict = {}         # everything but the candidates, latest value of each key
 
     def add(self, chunk: dict) -> Iterator[Event]:
         self.chunks += 1
-        self.last = chunk
+        self.top.update((k, v) for k, v in chunk.items() if k != 'candidates' and v)
         candidate = (chunk.get('candidates') or [{}])[0]
+        if not isinstance(candidate, dict):
+            return
         self.finish = candidate.get('finishReason') or self.finish
         for part in (candidate.get('content') or {}).get('parts') or ():
-            text = part.get('text', '')
+            if not isinstance(part, dict):
+                continue
+            text = part.get('text') or ''
             if text:
                 yield Event('thinking' if part.get('thought') else 'text', text=text)
             self._merge(part)
@@ -154,13 +168,13 @@ class _Answer:
         last = self.parts[-1] if self.parts else None
         if last is not None and 'text' in part and 'text' in last and bool(last.get('thought')) == bool(
                 part.get('thought')):
-            merged = {**last, **part, 'text': last['text'] + part['text']}
+            merged = {**last, **part, 'text': (last['text'] or '') + (part['text'] or '')}
             self.parts[-1] = merged
         else:
             self.parts.append(dict(part))
 
     def response(self) -> dict:
-        response = {k: v for k, v in self.last.items() if k != 'candidates'}
+        response = dict(self.top)
         candidate = {'content': {'role': 'model', 'parts': self.parts}, 'index': 0}
         if self.finish:
             candidate['finishReason'] = self.finish

@@ -3,8 +3,9 @@
 Ollama, vLLM, LiteLLM and the like are this provider with another
 ``address``; they need no secret, so ``Authorization`` is sent only when one
 is configured. ``max_tokens`` is the limit field every compatible server
-understands; OpenAI's reasoning models want ``max_completion_tokens``
-instead, so giving that in ``params`` replaces ``max_tokens``.
+understands; OpenAI's reasoning models (o1, o3, o4-mini, gpt-5...) refuse
+it and want ``max_completion_tokens``, which they get, as does any call
+whose ``params`` give it.
 
 Some compatible servers stream the model's reasoning as ``reasoning_content``
 (DeepSeek, vLLM) or ``reasoning`` (Ollama, OpenRouter); it becomes the
@@ -12,21 +13,28 @@ reply's ``thinking``. It is never sent back: those servers ask not to.
 
 Streaming rebuilds a ChatCompletion from the chunks and parses that, so a
 streamed reply equals the same answer unstreamed; usage comes in the last
-chunk because the request sets ``stream_options.include_usage``.
+chunk because the request sets ``stream_options.include_usage`` (servers
+that ignore it leave usage at 0). A stream is complete only at
+``data: [DONE]``, which OpenAI and every compatible server we know (vLLM,
+Ollama, LiteLLM) send last: ending after ``finish_reason`` but before it may
+have lost the usage chunk, so it is an error too, one that says so.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable, Iterator
 
 from llmconn.errors import InvalidInput
-from llmconn.providers.base import SSE, STREAM, SYSTEM, Provider, check_reserved, json_event
+from llmconn.providers.base import JSON_BODY, SSE, STREAM, SYSTEM, Provider, check_reserved, is_done_marker
+from llmconn.providers.base import json_event, said
 from llmconn.types import Event, Reply, Request
 
 # Where compatible servers put the model's reasoning, in the order we look.
 REASONING_FIELDS = ('reasoning_content', 'reasoning')
 
-STREAM_END = '[DONE]'
+# Models that answer 400 "Unsupported parameter: 'max_tokens'": OpenAI's reasoning families.
+_reasoning_model = re.compile(r'(o\d|gpt-5)([.-]|$)')
 
 # Body keys this mapping owns: a param setting them would break the chat.
 RESERVED_PARAMS = frozenset({'model', 'messages', 'stream', 'stream_options', 'n'})
@@ -69,32 +77,34 @@ class OpenAIProvider(Provider):
             messages.append({'role': 'system', 'content': request.system})
         for turn in request.history:
             messages.append({'role': 'user', 'content': turn.user})
-            messages.append({'role': 'assistant', 'content': turn.assistant})
+            messages.append({'role': 'assistant', 'content': said(turn)})
         messages.append({'role': 'user', 'content': request.text})
 
-        body: dict[str, Any] = {'model': self.conf.model, 'messages': messages,
-                                'max_tokens': self.conf.max_tokens}
+        params = self.body_params(request)
+        # OpenAI rejects a body that carries both limits.
+        limit = ('max_completion_tokens' if 'max_completion_tokens' in params
+                 or _reasoning_model.match(self.conf.model) else 'max_tokens')
+        body: dict[str, Any] = {'model': self.conf.model, 'messages': messages, limit: self.conf.max_tokens}
         if request.stream:
             body['stream'] = True
             body['stream_options'] = {'include_usage': True}
-        params = self.body_params(request)
-        if 'max_completion_tokens' in params:
-            del body['max_tokens']      # OpenAI rejects a body that carries both
+        if 'max_tokens' in params:
+            body.pop('max_completion_tokens', None)
         body.update(params)
         return body
 
     # ---- response
 
     def parse_response(self, body: Any) -> Reply:
-        if not isinstance(body, dict) or 'error' in body:
+        if not isinstance(body, dict) or body.get('error'):
             raise self.error(f'the provider answered with an error: {error_text(body)}', body)
         choices = body.get('choices') or []
-        if not choices:
+        if not choices or not isinstance(choices[0], dict):
             raise self.error('the provider answered without any choice; see provider_body', body)
         message = choices[0].get('message') or {}
         usage = body.get('usage') or {}
-        thinking = next((message[k] for k in REASONING_FIELDS if message.get(k)), '')
-        return Reply(text=message.get('content') or message.get('refusal') or '',
+        thinking = next((text_of(message[k]) for k in REASONING_FIELDS if message.get(k)), '')
+        return Reply(text=text_of(message.get('content')) or message.get('refusal') or '',
                      input_tokens=usage.get('prompt_tokens') or 0,
                      output_tokens=usage.get('completion_tokens') or 0,
                      raw=body, thinking=thinking, response_id=body.get('id') or '',
@@ -103,16 +113,19 @@ class OpenAIProvider(Provider):
     def parse_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
         answer = _Answer()
         for sse in events:
-            if sse.data.strip() == STREAM_END:
-                yield self.done(self.parse_response(answer.completion()))
-                return
+            if is_done_marker(sse):
+                break
             chunk = json_event(self, sse)
-            if 'error' in chunk:
+            if sse.event == JSON_BODY:
+                yield from self.unstreamed(chunk)
+                return
+            if chunk.get('error'):
                 raise self.error(f'the provider reported an error mid-stream: {error_text(chunk)}; '
                                  f'the reply was not saved, try again', chunk)
             yield from answer.add(chunk)
-        raise self.error(f'the stream ended before "data: {STREAM_END}", so the reply is incomplete; try again',
-                         answer.completion())
+        else:
+            raise self.error(_unfinished(answer), answer.completion())
+        yield self.done(self.parse_response(answer.completion()))
 
 
 class _Answer:
@@ -133,17 +146,18 @@ class _Answer:
         if chunk.get('usage'):
             self.usage = chunk['usage']
         for choice in chunk.get('choices') or ():
-            if choice.get('index', 0) != 0:
+            if not isinstance(choice, dict) or choice.get('index', 0) != 0:
                 continue
             self.finish_reason = choice.get('finish_reason') or self.finish_reason
             delta = choice.get('delta') or {}
-            reasoning = next((delta[k] for k in REASONING_FIELDS if delta.get(k)), '')
+            reasoning = next((text_of(delta[k]) for k in REASONING_FIELDS if delta.get(k)), '')
             if reasoning:
                 self.reasoning.append(reasoning)
                 yield Event('thinking', text=reasoning)
-            if delta.get('content'):
-                self.text.append(delta['content'])
-                yield Event('text', text=delta['content'])
+            content = text_of(delta.get('content'))
+            if content:
+                self.text.append(content)
+                yield Event('text', text=content)
             if delta.get('refusal'):
                 self.refusal.append(delta['refusal'])
 
@@ -158,6 +172,24 @@ class _Answer:
         if self.usage is not None:
             completion['usage'] = self.usage
         return completion
+
+
+def _unfinished(answer: '_Answer') -> str:
+    if answer.finish_reason is None:
+        return 'the stream ended before "data: [DONE]", so the reply is incomplete; try again'
+    return (f'the stream ended after finish_reason "{answer.finish_reason}" but without the closing '
+            f'"data: [DONE]" line that OpenAI-compatible servers send, so usage may be missing; try again, '
+            f'or check that "address" points at a Chat Completions endpoint')
+
+
+def text_of(content: Any) -> str:
+    """Text of a message's ``content``: a string, or (Mistral and others) a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return ''.join(p.get('text') or '' for p in content
+                       if isinstance(p, dict) and p.get('type', 'text') in ('text', 'output_text'))
+    return ''
 
 
 # ---- shared with the Responses mapping

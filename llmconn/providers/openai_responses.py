@@ -15,15 +15,20 @@ which is asked for (``include``) when the call sets ``reasoning``. Asking
 always would break non-reasoning models (gpt-4o, gpt-4.1 answer 400
 "Encrypted content is not supported with this model"), so a local-mode reply
 whose reasoning came back without it keeps no items and replays as text.
+
+A stream's text is taken from ``response.completed``, which carries the
+whole response; if that response holds no text, the deltas already streamed
+are the answer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterable, Iterator
 
 from llmconn.errors import InvalidInput
-from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, Provider
-from llmconn.providers.base import check_reserved, json_event
+from llmconn.providers.base import JSON_BODY, REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, Provider
+from llmconn.providers.base import check_reserved, is_done_marker, json_event, said
 from llmconn.providers.openai import error_text
 from llmconn.types import Event, Reply, Request, Turn
 
@@ -79,9 +84,9 @@ class OpenAIResponsesProvider(Provider):
         items: list[dict[str, Any]] = []
         if not (stateful and request.previous_response_id):
             for turn in request.history:
-                items.append({'role': 'user', 'content': turn.user})
+                items.append(_message('user', turn.user))
                 items.extend(self._assistant_items(turn))
-        items.append({'role': 'user', 'content': request.text})
+        items.append(_message('user', request.text))
 
         body: dict[str, Any] = {'model': self.conf.model}
         # Instructions are not carried along a chain: they go with every call.
@@ -103,7 +108,7 @@ class OpenAIResponsesProvider(Provider):
     def _assistant_items(self, turn: Turn) -> list[dict[str, Any]]:
         if self.replays_items(turn):
             return list(turn.items)     # reasoning and message items exactly as the reply gave them
-        return [{'role': 'assistant', 'content': turn.assistant}]
+        return [_message('assistant', said(turn))]
 
     # ---- response
 
@@ -113,13 +118,14 @@ class OpenAIResponsesProvider(Provider):
                              body)
         if body.get('error') or body.get('status') == 'failed':
             raise self.error(f'the response failed: {error_text(body)}; try again', body)
-        output = body.get('output') or []
+        output = [i for i in body.get('output') or () if isinstance(i, dict)]
         text, thinking = [], []
         for item in output:
             if item.get('type') == 'message':
-                text += [p.get('text') or p.get('refusal') or '' for p in item.get('content') or ()]
+                text += [p.get('text') or p.get('refusal') or '' for p in item.get('content') or ()
+                         if isinstance(p, dict)]
             elif item.get('type') == 'reasoning':
-                thinking += [s.get('text', '') for s in item.get('summary') or ()]
+                thinking += [s.get('text') or '' for s in item.get('summary') or () if isinstance(s, dict)]
         usage = body.get('usage') or {}
         return Reply(text=''.join(text), input_tokens=usage.get('input_tokens') or 0,
                      output_tokens=usage.get('output_tokens') or 0, raw=body,
@@ -138,10 +144,17 @@ class OpenAIResponsesProvider(Provider):
 
     def parse_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
         last_summary = None
+        streamed: list[str] = []
         for sse in events:
+            if is_done_marker(sse):
+                continue
             data = json_event(self, sse)
+            if sse.event == JSON_BODY:
+                yield from self.unstreamed(data)
+                return
             kind = data.get('type') or sse.event
             if kind in _text_deltas and data.get('delta'):
+                streamed.append(data['delta'])
                 yield Event('text', text=data['delta'])
             elif kind == 'response.reasoning_summary_text.delta' and data.get('delta'):
                 summary = (data.get('item_id'), data.get('summary_index'))
@@ -150,12 +163,20 @@ class OpenAIResponsesProvider(Provider):
                 last_summary = summary
                 yield Event('thinking', text=data['delta'])
             elif kind in _final_events:
-                yield self.done(self.parse_response(data.get('response')))
+                reply = self.parse_response(data.get('response'))
+                if not reply.text and streamed:
+                    reply = dataclasses.replace(reply, text=''.join(streamed))
+                yield self.done(reply)
                 return
             elif kind == 'response.failed':
                 response = data.get('response') or {}
                 raise self.error(f'the response failed: {error_text(response)}; try again', response)
             elif kind == 'error':
-                raise self.error(f'the provider reported an error mid-stream: {data.get("message")}; '
-                                 f'the reply was not saved, try again', data)
+                raise self.error(f'the provider reported an error mid-stream: '
+                                 f'{data.get("message") or error_text(data)}; the reply was not saved, try again',
+                                 data)
         raise self.error('the stream ended before response.completed, so the reply is incomplete; try again')
+
+
+def _message(role: str, text: str) -> dict[str, Any]:
+    return {'role': role, 'content': text}
