@@ -207,10 +207,17 @@ def test_stream_usage_from_message_delta_replaces_message_start():
     assert (reply.input_tokens, reply.output_tokens) == (30, 9)
 
 
-def test_stream_without_message_stop_raises():
-    events = stream_events(block(0, {'type': 'text', 'text': ''}, {'type': 'text_delta', 'text': 'Ann'}))[:-1]
+def test_stream_cut_before_the_model_finished_raises():
+    # Everything up to the text delta, then EOF: no stop_reason, no message_stop.
+    events = stream_events(block(0, {'type': 'text', 'text': ''}, {'type': 'text_delta', 'text': 'Ann'}))[:-3]
     with pytest.raises(LLMError, match='message_stop'):
         list(claude().parse_stream(iter(events)))
+
+
+def test_stream_with_stop_reason_but_no_message_stop_is_complete():
+    events = stream_events(block(0, {'type': 'text', 'text': ''}, {'type': 'text_delta', 'text': 'Ann'}))[:-1]
+    result = list(claude().parse_stream(iter(events)))[-1].result
+    assert result['text'] == 'Ann' and result['usage']['output_tokens'] == 7
 
 
 def test_stream_error_event_raises_with_the_provider_body():

@@ -157,9 +157,16 @@ def test_stream_reasoning_deltas_become_thinking_events():
     assert deltas == [('thinking', 'hm'), ('text', 'Ann')] and reply.thinking == 'hm'
 
 
-def test_stream_without_done_marker_raises():
-    with pytest.raises(LLMError, match=r'\[DONE\]'):
-        list(openai().parse_stream(iter(stream({'content': 'Hello'}, done=False))))
+def test_stream_cut_before_the_model_finished_raises():
+    cut = stream({'content': 'Hello'}, done=False)[:2]       # role chunk and one delta, then EOF
+    with pytest.raises(LLMError, match=r'no finish_reason.*not saved'):
+        list(openai().parse_stream(iter(cut)))
+
+
+def test_stream_that_finished_but_omits_done_marker_is_complete():
+    # The official SDK accepts this too: finish_reason (and here usage) already arrived.
+    events = list(openai().parse_stream(iter(stream({'content': 'Hello'}, done=False))))
+    assert events[-1].result['text'] == 'Hello' and events[-1].result['usage']['output_tokens'] == 3
 
 
 def test_stream_error_chunk_raises_with_the_provider_body():

@@ -153,11 +153,9 @@ def test_claude_stream_with_tool_use_keeps_only_text_in_text():
     assert reply.raw['content'][1]['input'] == {'a': 1}
 
 
-def test_claude_stream_tolerates_a_trailing_done_marker_but_not_a_missing_message_stop():
+def test_claude_stream_tolerates_a_trailing_done_marker():
     events = claude_stream(text_delta('x')) + [SSE(('', '[DONE]'))]
     assert run_stream(claude(), events)[1].text == 'x'
-    with pytest.raises(LLMError, match='message_stop'):
-        list(claude().parse_stream(iter(claude_stream(text_delta('x'), stop=False))))
 
 
 @pytest.mark.parametrize('stop_reason', ['max_tokens', 'refusal', 'pause_turn', 'tool_use'])
@@ -293,10 +291,10 @@ def test_openai_stream_null_error_field_is_not_an_error():
     assert run_stream(openai(), as_sse(chunk({'content': 'x'}, error=None), chunk({}, finish='stop')) + [DONE])
 
 
-def test_openai_stream_without_done_says_what_was_missing():
-    with pytest.raises(LLMError, match=r'finish_reason "stop".*\[DONE\]'):
-        list(openai().parse_stream(iter(as_sse(chunk({'content': 'x'}), chunk({}, finish='stop')))))
-    with pytest.raises(LLMError, match=r'before "data: \[DONE\]"') as info:
+def test_openai_stream_cut_before_finish_says_what_was_missing():
+    assert list(openai().parse_stream(iter(as_sse(chunk({'content': 'x'}), chunk({}, finish='stop')))))[-1] \
+        .result['text'] == 'x'
+    with pytest.raises(LLMError, match=r'no finish_reason, no "data: \[DONE\]"') as info:
         list(openai().parse_stream(iter(as_sse(chunk({'content': 'x'})))))
     assert info.value.provider_body['choices'][0]['message']['content'] == 'x'
 

@@ -152,7 +152,10 @@ class _StreamState:
 
     @property
     def complete(self) -> bool:
-        return self.stopped and (self.message is not None or bool(self.blocks))
+        # message_delta's stop_reason already says the model finished; a server that then closes
+        # without message_stop lost nothing (the official SDK accepts such a stream too).
+        finished = self.stopped or bool(self.message and self.message.get('stop_reason'))
+        return finished and (self.message is not None or bool(self.blocks))
 
     def apply(self, kind: str, data: dict) -> Iterator[Event]:
         if kind == 'message_start':

@@ -14,10 +14,11 @@ reply's ``thinking``. It is never sent back: those servers ask not to.
 Streaming rebuilds a ChatCompletion from the chunks and parses that, so a
 streamed reply equals the same answer unstreamed; usage comes in the last
 chunk because the request sets ``stream_options.include_usage`` (servers
-that ignore it leave usage at 0). A stream is complete only at
-``data: [DONE]``, which OpenAI and every compatible server we know (vLLM,
-Ollama, LiteLLM) send last: ending after ``finish_reason`` but before it may
-have lost the usage chunk, so it is an error too, one that says so.
+that ignore it leave usage at 0). A stream is complete at
+``data: [DONE]``, which OpenAI and the compatible servers we know (vLLM,
+Ollama, LiteLLM) send last, or when it closes cleanly after a
+``finish_reason`` (as the official SDK accepts); one that closes before
+either lost part of the reply and is an error.
 """
 
 from __future__ import annotations
@@ -124,7 +125,10 @@ class OpenAIProvider(Provider):
                                  f'the reply was not saved, try again', chunk)
             yield from answer.add(chunk)
         else:
-            raise self.error(_unfinished(answer), answer.completion())
+            if answer.finish_reason is None:
+                raise self.error('the stream ended before the model finished (no finish_reason, no '
+                                 '"data: [DONE]"), so the reply is incomplete and was not saved; try again',
+                                 answer.completion())
         yield self.done(self.parse_response(answer.completion()))
 
 
@@ -172,14 +176,6 @@ class _Answer:
         if self.usage is not None:
             completion['usage'] = self.usage
         return completion
-
-
-def _unfinished(answer: '_Answer') -> str:
-    if answer.finish_reason is None:
-        return 'the stream ended before "data: [DONE]", so the reply is incomplete; try again'
-    return (f'the stream ended after finish_reason "{answer.finish_reason}" but without the closing '
-            f'"data: [DONE]" line that OpenAI-compatible servers send, so usage may be missing; try again, '
-            f'or check that "address" points at a Chat Completions endpoint')
 
 
 def text_of(content: Any) -> str:
