@@ -129,7 +129,7 @@ def main() -> int:
 
 
 def bench_overhead(conns, zato, client, scale) -> list:
-    n, rounds = int(400 * scale) or 20, 7
+    n, rounds = int(400 * scale) or 20, 9
     one, full = conns[1], conns[20]
     for i in range(30):                     # warm up pools, scripts, a full window
         for conn in (one, full):
@@ -137,28 +137,34 @@ def bench_overhead(conns, zato, client, scale) -> list:
         zato.chat(f'warm {i}', chat_id='overhead')
         one.invoke('warm')
     window = tuple(full.store.history(full.name, 'overhead')[-19:])
-    ping = interleaved({'ping': lambda i: client.ping()}, n * 2, rounds)['ping']
+
+    def pings_around_invoke(i):
+        # Two PINGs where chat() makes its round trips: one before the provider call, one after.
+        client.ping()
+        one.invoke(f'message {i}')
+        client.ping()
+
     times = interleaved({
+        'pings': lambda i: (client.ping(), client.ping()),
         'invoke': lambda i: one.invoke(f'message {i}'),
+        'pings_around': pings_around_invoke,
         'chat1': lambda i: one.chat(f'message {i}', chat_id='overhead'),
         # The same request a 19-turn chat sends, made without the store: what the window costs the provider.
         'window': lambda i: full._drain(full._call(Request(f'message {i}', '', window))),
         'chat20': lambda i: full.chat(f'message {i}', chat_id='overhead'),
-        'zato': lambda i: zato.chat(f'message {i}', chat_id='overhead'),
     }, n, rounds)
-    floor = 2 * ping
+    tight, in_place = times['pings'], times['pings_around'] - times['invoke']
     same = times['chat1'] - times['invoke']
     store = times['chat20'] - times['window']
-    theirs = times['zato'] - times['window']
     return [
-        ('Redis PING (one round trip)', f'{ping * 1e6:.0f} µs', '', '', None),
+        ('two Redis PINGs, back to back', f'{tight * 1e6:.0f} µs', '', '', None),
+        ('two Redis PINGs around an invoke() (chat\'s places)', f'{in_place * 1e6:.0f} µs', '', '', None),
         ('invoke() at zero provider latency', f'{times["invoke"] * 1e6:.0f} µs', '', '', None),
-        ('chat() − invoke(), same request, vs two PINGs', f'{same * 1e6:.0f} µs = {same / floor:.2f} ×',
-         '', '≤ 1.5 ×', same / floor <= 1.5),
-        ('chat() − same request without store, 19-turn window', f'{store * 1e6:.0f} µs = {store / floor:.2f} ×',
-         f'{theirs * 1e6:.0f} µs = {theirs / floor:.2f} ×', '≤ 1.5 ×', store / floor <= 1.5),
-        ('  chat() with a 19-turn window − invoke() (info)',
-         f'{(times["chat20"] - times["invoke"]) * 1e6:.0f} µs', '', '', None),
+        ('chat() − invoke(), same request, vs PINGs in place', f'{same * 1e6:.0f} µs = {same / in_place:.2f} ×',
+         '', '≤ 1.5 ×', same / in_place <= 1.5),
+        ('  the same vs PINGs back to back', f'{same / tight:.2f} ×', '', '≤ 1.5 ×', same / tight <= 1.5),
+        ('chat() − same request without store, 19-turn window', f'{store * 1e6:.0f} µs = {store / in_place:.2f} ×',
+         '', '≤ 1.5 ×', store / in_place <= 1.5),
     ]
 
 
@@ -205,13 +211,21 @@ def bench_long_history(conn10, conn, zato, client, scale) -> list:
 def bench_handoff(conn, zato, provider) -> list:
     provider.set_latency(0.05)
     try:
-        ideal = 20 * 0.05
+        # Open the Redis connections a burst of 20 needs first: the figure is about handoff, not connecting.
+        together(20, lambda i: conn.chat(f'warm {i}', chat_id=f'handoff-warm-{i}'))
+        single = statistics.median(per_call(lambda i: conn.invoke('one call'), 1) for _ in range(10))
         ours = together(20, lambda i: conn.chat(f'h {i}', chat_id='handoff'))
         theirs = together(20, lambda i: zato.chat(f'h {i}', chat_id='handoff'))
     finally:
         provider.set_latency(0)
-    return [('20 concurrent calls on one chat, 50 ms provider', f'{ours:.3f} s = {ours / ideal:.3f} × ideal',
-             f'{theirs:.3f} s = {theirs / ideal:.3f} ×', '≤ 1.05 × 1.0 s', ours / ideal <= 1.05)]
+    nominal, serial = 20 * 0.05, 20 * single
+    return [
+        ('one invoke() at 50 ms provider latency', f'{single * 1e3:.1f} ms', '', '', None),
+        ('20 concurrent calls on one chat, 50 ms provider', f'{ours:.3f} s = {ours / nominal:.3f} × 1.0 s',
+         f'{theirs:.3f} s = {theirs / nominal:.3f} ×', '≤ 1.05 × 1.0 s', ours / nominal <= 1.05),
+        ('  the same vs 20 × one invoke() (handoff alone)', f'{ours / serial:.3f} ×',
+         f'{theirs / serial:.3f} ×', '', None),
+    ]
 
 
 def bench_many_chats(conn, provider, scale) -> list:

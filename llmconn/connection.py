@@ -44,7 +44,8 @@ class Connection:
         self.store = store
         self.skills = skills
         self.transport = transport or Transport(conf.name, pool_size=conf.pool_size, timeout=conf.timeout,
-                                                max_retries=conf.max_retries, secret=conf.secret_value)
+                                                max_retries=conf.max_retries, secret=conf.secret_value,
+                                                address=conf.address)
         self._headers = self.provider.headers()
 
     def __repr__(self) -> str:

@@ -28,6 +28,7 @@ import email.utils
 import itertools
 import json
 import logging
+import os
 import random
 import re
 import time as mod_time
@@ -56,7 +57,7 @@ class Transport:
     """Sends JSON to one provider connection, with its pool, timeout and retry budget."""
 
     def __init__(self, name: str, *, pool_size: int, timeout: float, max_retries: int,
-                 secret: str = '', sleep=None, session: requests.Session | None = None) -> None:
+                 secret: str = '', address: str = '', sleep=None, session: requests.Session | None = None) -> None:
         self.name = name
         self.timeout = (min(timeout, CONNECT_TIMEOUT_CAP), timeout)
         self.max_retries = max_retries
@@ -66,6 +67,8 @@ class Transport:
         adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
         self.session.mount('http://', adapter)
         self.session.mount('https://', adapter)
+        if address:
+            read_environment_once(self.session, address)
 
     def __repr__(self) -> str:
         return f'<Transport {self.name!r}>'
@@ -189,6 +192,20 @@ class Transport:
 
     def _redact(self, text: str) -> str:
         return text.replace(self._secret, '***') if self._secret and isinstance(text, str) else text
+
+
+def read_environment_once(session: requests.Session, address: str) -> None:
+    """Settle proxy and CA-bundle settings from the environment now, not on every request.
+
+    With ``trust_env`` on, requests scans the whole environment for proxies on
+    each call (about 100 µs, more than a Redis round trip). A connection talks to
+    one address, so the answer never changes: read it once, then turn the scan off.
+    """
+    session.proxies.update(requests.utils.get_environ_proxies(address))
+    bundle = os.environ.get('REQUESTS_CA_BUNDLE') or os.environ.get('CURL_CA_BUNDLE')
+    if bundle:
+        session.verify = bundle
+    session.trust_env = False
 
 
 def parse_retry_after(headers) -> float | None:

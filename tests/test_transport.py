@@ -172,3 +172,16 @@ def test_stream_yields_events_in_order(server):
     server.script = [(200, {'content-type': 'text/event-stream'}, body, 0)]
     transport, _ = make()
     assert [tuple(e) for e in transport.post_stream(server.url, {}, {})] == [('one', '1'), ('two', '2')]
+
+
+def test_proxy_environment_is_read_once_per_connection(monkeypatch):
+    monkeypatch.setenv('HTTPS_PROXY', 'http://proxy.internal:3128')
+    monkeypatch.setenv('NO_PROXY', 'localhost,127.0.0.1')
+    monkeypatch.setenv('REQUESTS_CA_BUNDLE', '/etc/ssl/corp.pem')
+    remote = Transport('r', pool_size=1, timeout=5, max_retries=0, address='https://api.anthropic.com')
+    local = Transport('l', pool_size=1, timeout=5, max_retries=0, address='http://127.0.0.1:11434/v1')
+    assert remote.session.proxies.get('https') == 'http://proxy.internal:3128'
+    assert remote.session.verify == '/etc/ssl/corp.pem'
+    assert not local.session.proxies
+    # No environment scan per request any more: the answer was settled above.
+    assert remote.session.trust_env is False and local.session.trust_env is False
