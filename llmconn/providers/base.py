@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
-from llmconn.errors import LLMError
+from llmconn.errors import InvalidInput, LLMError
 from llmconn.types import Event, Reply, Request, Turn
 
 if TYPE_CHECKING:
@@ -58,6 +58,8 @@ class Provider:
     name: ClassVar[str] = ''
     default_address: ClassVar[str] = ''
     capabilities: ClassVar[frozenset[str]] = frozenset()
+    # Body keys the mapping itself sets from the configuration and the chat; params may not.
+    reserved_params: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, conf: 'ConnectionConfig') -> None:
         self.conf = conf
@@ -70,6 +72,7 @@ class Provider:
                              f'remove the key or use a provider that does (claude)')
         if conf.state != 'local' and STATEFUL not in cls.capabilities:
             raise ValueError(f'field "state": provider {cls.name} is stateless, only "local" is valid')
+        check_reserved(cls.reserved_params, conf.params, ValueError)
 
     @property
     def tag(self) -> str:
@@ -114,7 +117,9 @@ class Provider:
     def body_params(self, request: Request) -> dict[str, Any]:
         """Connection ``params`` overlaid by per-call params: merged into the body last."""
         merged = dict(self.conf.params)
-        merged.update(request.params)
+        if request.params:
+            check_reserved(self.reserved_params, request.params, InvalidInput)
+            merged.update(request.params)
         return merged
 
     @staticmethod

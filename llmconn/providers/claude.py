@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator
 
 from llmconn.errors import InvalidInput
 from llmconn.providers.base import JSON_BODY, REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, Provider
-from llmconn.providers.base import check_reserved, is_done_marker, json_event, said
+from llmconn.providers.base import is_done_marker, json_event, said
 from llmconn.types import Event, Reply, Request, Turn
 
 ANTHROPIC_VERSION = '2023-06-01'
@@ -35,7 +35,6 @@ THINKING_SEPARATOR = '\n\n'
 
 # Body keys this mapping owns: a param setting them would break the chat or mislabel its items
 # (thinking belongs in the connection, so the tag on stored thinking blocks stays true).
-RESERVED_PARAMS = frozenset({'model', 'messages', 'system', 'stream', 'thinking'})
 
 # Sampling params Anthropic refuses while thinking is on ("temperature may only be set to 1 when
 # thinking is enabled"; top_k not at all): refused here, before a call is paid for.
@@ -48,11 +47,11 @@ class ClaudeProvider(Provider):
     name = 'claude'
     default_address = 'https://api.anthropic.com'
     capabilities = frozenset({STREAM, SYSTEM, THINKING, REASONING_REPLAY})
+    reserved_params = frozenset({'model', 'messages', 'system', 'stream', 'thinking'})
 
     @classmethod
     def check_config(cls, conf) -> None:
         super().check_config(conf)
-        check_reserved(RESERVED_PARAMS, conf.params, ValueError)
         _check_sampling(conf, conf.params, ValueError)
 
     @property
@@ -73,7 +72,6 @@ class ClaudeProvider(Provider):
 
     def body_params(self, request: Request) -> dict[str, Any]:
         params = super().body_params(request)
-        check_reserved(RESERVED_PARAMS, params, InvalidInput)
         _check_sampling(self.conf, params, InvalidInput)
         return params
 

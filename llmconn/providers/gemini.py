@@ -25,15 +25,13 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator
 from urllib.parse import quote
 
-from llmconn.errors import InvalidInput
 from llmconn.providers.base import SSE, STREAM, SYSTEM, Provider
-from llmconn.providers.base import check_reserved, is_done_marker, json_event, said
+from llmconn.providers.base import is_done_marker, json_event, said
 from llmconn.types import Event, Reply, Request
 
 # Finish reasons of an answer that ended normally; any other one with no text means Gemini refused.
 _normal_finish = frozenset({'STOP', 'MAX_TOKENS', 'FINISH_REASON_UNSPECIFIED'})
 
-RESERVED_PARAMS = frozenset({'contents', 'systemInstruction', 'system_instruction'})
 
 # The API reads both spellings of a field, and refuses a body that sets one field under both
 # ("oneof field ... is already set"), so a snake_case generation_config is merged into ours.
@@ -46,11 +44,7 @@ class GeminiProvider(Provider):
     name = 'gemini'
     default_address = 'https://generativelanguage.googleapis.com/v1beta'
     capabilities = frozenset({STREAM, SYSTEM})
-
-    @classmethod
-    def check_config(cls, conf) -> None:
-        super().check_config(conf)
-        check_reserved(RESERVED_PARAMS, conf.params, ValueError)
+    reserved_params = frozenset({'contents', 'systemInstruction', 'system_instruction'})
 
     def url(self, stream: bool = False) -> str:
         model = self.conf.model
@@ -67,11 +61,6 @@ class GeminiProvider(Provider):
         if self.conf.secret_value:
             headers['x-goog-api-key'] = self.conf.secret_value
         return headers
-
-    def body_params(self, request: Request) -> dict[str, Any]:
-        params = super().body_params(request)
-        check_reserved(RESERVED_PARAMS, params, InvalidInput)
-        return params
 
     # ---- request
 

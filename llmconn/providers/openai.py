@@ -26,8 +26,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Iterator
 
-from llmconn.errors import InvalidInput
-from llmconn.providers.base import JSON_BODY, SSE, STREAM, SYSTEM, Provider, check_reserved, is_done_marker
+from llmconn.providers.base import JSON_BODY, SSE, STREAM, SYSTEM, Provider, is_done_marker
 from llmconn.providers.base import json_event, said
 from llmconn.types import Event, Reply, Request
 
@@ -38,7 +37,6 @@ REASONING_FIELDS = ('reasoning_content', 'reasoning')
 _reasoning_model = re.compile(r'(o\d|gpt-5)([.-]|$)')
 
 # Body keys this mapping owns: a param setting them would break the chat.
-RESERVED_PARAMS = frozenset({'model', 'messages', 'stream', 'stream_options', 'n'})
 
 
 class OpenAIProvider(Provider):
@@ -47,11 +45,7 @@ class OpenAIProvider(Provider):
     name = 'openai'
     default_address = 'https://api.openai.com/v1'
     capabilities = frozenset({STREAM, SYSTEM})
-
-    @classmethod
-    def check_config(cls, conf) -> None:
-        super().check_config(conf)
-        check_reserved(RESERVED_PARAMS, conf.params, ValueError)
+    reserved_params = frozenset({'model', 'messages', 'stream', 'stream_options', 'n'})
 
     def url(self, stream: bool = False) -> str:
         return f'{self.conf.address}/chat/completions'
@@ -60,15 +54,7 @@ class OpenAIProvider(Provider):
         return f'{self.conf.address}/models'
 
     def headers(self) -> dict[str, str]:
-        headers = {'content-type': 'application/json'}
-        if self.conf.secret_value:
-            headers['authorization'] = f'Bearer {self.conf.secret_value}'
-        return headers
-
-    def body_params(self, request: Request) -> dict[str, Any]:
-        params = super().body_params(request)
-        check_reserved(RESERVED_PARAMS, params, InvalidInput)
-        return params
+        return bearer_headers(self.conf)
 
     # ---- request
 
@@ -176,6 +162,14 @@ class _Answer:
         if self.usage is not None:
             completion['usage'] = self.usage
         return completion
+
+
+def bearer_headers(conf) -> dict[str, str]:
+    """OpenAI's headers; the key is optional, since local compatible servers need none."""
+    headers = {'content-type': 'application/json'}
+    if conf.secret_value:
+        headers['authorization'] = f'Bearer {conf.secret_value}'
+    return headers
 
 
 def text_of(content: Any) -> str:

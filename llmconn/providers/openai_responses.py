@@ -26,10 +26,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable, Iterator
 
-from llmconn.errors import InvalidInput
 from llmconn.providers.base import JSON_BODY, REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, Provider
-from llmconn.providers.base import check_reserved, is_done_marker, json_event, said
-from llmconn.providers.openai import error_text
+from llmconn.providers.base import is_done_marker, json_event, said
+from llmconn.providers.openai import bearer_headers, error_text
 from llmconn.types import Event, Reply, Request, Turn
 
 ENCRYPTED_REASONING = 'reasoning.encrypted_content'
@@ -41,7 +40,6 @@ THINKING_SEPARATOR = '\n\n'
 _final_events = ('response.completed', 'response.incomplete')
 _text_deltas = ('response.output_text.delta', 'response.refusal.delta')
 
-RESERVED_PARAMS = frozenset({'model', 'input', 'instructions', 'stream', 'store', 'previous_response_id'})
 
 
 class OpenAIResponsesProvider(Provider):
@@ -50,11 +48,7 @@ class OpenAIResponsesProvider(Provider):
     name = 'openai-responses'
     default_address = 'https://api.openai.com/v1'
     capabilities = frozenset({STREAM, SYSTEM, REASONING_REPLAY, STATEFUL})
-
-    @classmethod
-    def check_config(cls, conf) -> None:
-        super().check_config(conf)
-        check_reserved(RESERVED_PARAMS, conf.params, ValueError)
+    reserved_params = frozenset({'model', 'input', 'instructions', 'stream', 'store', 'previous_response_id'})
 
     @property
     def mode(self) -> str:
@@ -67,15 +61,7 @@ class OpenAIResponsesProvider(Provider):
         return f'{self.conf.address}/models'
 
     def headers(self) -> dict[str, str]:
-        headers = {'content-type': 'application/json'}
-        if self.conf.secret_value:
-            headers['authorization'] = f'Bearer {self.conf.secret_value}'
-        return headers
-
-    def body_params(self, request: Request) -> dict[str, Any]:
-        params = super().body_params(request)
-        check_reserved(RESERVED_PARAMS, params, InvalidInput)
-        return params
+        return bearer_headers(self.conf)
 
     # ---- request
 
