@@ -19,6 +19,8 @@ import uuid
 import pytest
 import redis
 
+from llmconn.testing.fake_server import FakeProviderServer
+
 DEFAULT_REDIS_URL = 'redis://127.0.0.1:6379/0'
 
 
@@ -97,3 +99,28 @@ def redis_server():
 def unique():
     """A fresh name, so a test's keys never meet another test's."""
     return f't-{uuid.uuid4().hex[:12]}'
+
+
+@pytest.fixture(scope='session')
+def fake_provider_server():
+    with FakeProviderServer() as server:
+        yield server
+
+
+@pytest.fixture
+def provider(fake_provider_server):
+    """The shared fake provider, with no faults, no latency and an empty record for each test."""
+    server = fake_provider_server
+    server.clear()
+    yield server
+    server.clear_faults()
+    server.latency = 0
+
+
+@pytest.fixture
+def skills_dir(tmp_path):
+    """A skills directory with one skill, "terse", whose text is easy to look for."""
+    skill = tmp_path / 'skills' / 'terse' / 'SKILL.md'
+    skill.parent.mkdir(parents=True)
+    skill.write_text('---\nname: terse\ndescription: short answers\n---\nSECRET-SAUCE answer tersely.\n')
+    return tmp_path / 'skills'

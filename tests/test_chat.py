@@ -26,19 +26,6 @@ from llmconn.testing.fake_server import FakeProviderServer
 WORKER = str(Path(__file__).with_name('chat_worker.py'))
 
 
-@pytest.fixture(scope='module')
-def provider():
-    with FakeProviderServer() as server:
-        yield server
-
-
-@pytest.fixture
-def skills_dir(tmp_path):
-    skill = tmp_path / 'skills' / 'terse' / 'SKILL.md'
-    skill.parent.mkdir(parents=True)
-    skill.write_text('---\nname: terse\ndescription: short answers\n---\nSECRET-SAUCE answer tersely.\n')
-    return tmp_path / 'skills'
-
 
 def config(redis_url, provider_url, name, skills_dir='skills', **conn):
     return {'redis': {'url': redis_url}, 'skills_dir': str(skills_dir),

@@ -17,22 +17,12 @@ import yaml
 
 from llmconn import ConfigError, InvalidInput, LLMError, Registry
 from llmconn.store.keys import chat_keys
-from llmconn.testing.fake_server import FakeProviderServer
 
 MODEL = 'claude-sonnet-4-5'
 OTHER_MODEL = 'claude-haiku-4-5'
 ENABLED = {'type': 'enabled', 'budget_tokens': 1024}
 
 
-@pytest.fixture(scope='module')
-def provider():
-    with FakeProviderServer() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def fresh_record(provider):
-    provider.clear()        # tests reuse message texts; each looks only at its own requests
 
 
 def conn_conf(name, provider_url, **fields):

@@ -17,30 +17,12 @@ import requests
 
 from llmconn import ConfigError, LLMError, Registry
 from llmconn.connection import _forgot_previous
-from llmconn.testing.fake_server import FakeProviderServer
 
 MODEL = 'gpt-5-mini'
 REASONING = {'reasoning': {'effort': 'low', 'summary': 'auto'}}
 ENCRYPTED = 'reasoning.encrypted_content'
 
 
-@pytest.fixture(scope='module')
-def provider():
-    with FakeProviderServer() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def fresh_record(provider):
-    provider.clear()        # tests reuse message texts; each looks only at its own requests
-
-
-@pytest.fixture
-def skills_dir(tmp_path):
-    skill = tmp_path / 'skills' / 'terse' / 'SKILL.md'
-    skill.parent.mkdir(parents=True)
-    skill.write_text('---\nname: terse\ndescription: short answers\n---\nSECRET-SAUCE answer tersely.\n')
-    return tmp_path / 'skills'
 
 
 @pytest.fixture

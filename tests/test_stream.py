@@ -20,7 +20,6 @@ import pytest
 from llmconn import InvalidInput, LLMError, Registry
 from llmconn.providers.base import STREAM, SYSTEM
 from llmconn.store.keys import chat_keys
-from llmconn.testing.fake_server import FakeProviderServer
 
 PROVIDERS = ('claude', 'openai', 'gemini', 'openai-responses')
 
@@ -34,17 +33,6 @@ SDK_REPLY = {'claude': anthropic.types.Message, 'openai': openai.types.chat.Chat
              'openai-responses': openai.types.responses.Response}
 
 
-@pytest.fixture(scope='module')
-def provider():
-    with FakeProviderServer() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def clean_provider(provider):
-    yield
-    provider.clear_faults()
-    provider.latency = 0
 
 
 @pytest.fixture
