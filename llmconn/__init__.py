@@ -8,7 +8,8 @@ distributed lock, and every provider speaks its real wire format.
 """
 
 from llmconn.errors import (ChatBusy, ConfigError, InactiveConnection, InvalidInput, LLMAuthError, LLMConnError,
-                            LLMError, LLMRateLimited, LLMTimeout, LockLost, StoreError, UnknownConnection)
+                            LLMError, LLMRateLimited, LLMTimeout, LockLost, ServiceError, StoreError,
+                            UnknownConnection, UnknownService)
 from llmconn.registry import Registry
 from llmconn.types import Event
 
@@ -16,4 +17,4 @@ __version__ = '0.1.0'
 
 __all__ = ['Registry', 'Event', 'LLMConnError', 'ConfigError', 'InvalidInput', 'UnknownConnection',
            'InactiveConnection', 'LLMError', 'LLMTimeout', 'LLMRateLimited', 'LLMAuthError', 'ChatBusy',
-           'StoreError', 'LockLost']
+           'StoreError', 'LockLost', 'ServiceError', 'UnknownService']

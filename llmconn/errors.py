@@ -72,3 +72,18 @@ class StoreError(LLMConnError):
 
 class LockLost(StoreError):
     """The chat's lock expired during the call, so its turn was not saved."""
+
+
+class UnknownService(LLMConnError, KeyError):
+    """No deployed service has that name."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ''
+
+
+class ServiceError(LLMConnError):
+    """A service's own error for its caller: ``status`` and a message safe to show to the client."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status

@@ -25,25 +25,10 @@ import re
 import uuid
 from typing import Any, Callable, Iterable, Iterator
 
-from llmconn.errors import InvalidInput, LLMConnError
+from llmconn.errors import InvalidInput, LLMConnError, ServiceError, UnknownService  # noqa: F401 (re-exported for services)
 
 # Zato's rule for turning a CamelCase class name into a service name.
 _uncamel_boundary = re.compile(r'((?<=[a-z])[A-Z]|(?<!\A)[A-Z](?=[a-z]))')
-
-
-class UnknownService(LLMConnError, KeyError):
-    """No deployed service has that name."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ''
-
-
-class ServiceError(LLMConnError):
-    """A service's own error for its caller: ``status`` and a message safe to show to the client."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class Bunch(dict):
