@@ -3,6 +3,7 @@
 import shutil
 import signal
 import socket
+import time
 import uuid
 from pathlib import Path
 
@@ -90,13 +91,16 @@ def test_workers_share_one_port_and_stop_together(setup):
     proc = start_server(config, services, port, extra=['--workers', '2'])
     try:
         pids = set()
-        for _ in range(60):
+        # The second worker may still be starting when the first answers (slow under load): keep
+        # asking until both have answered, within a deadline rather than a number of tries.
+        deadline = time.monotonic() + 20
+        while len(pids) < 2 and time.monotonic() < deadline:
             # A fresh connection each time: the kernel spreads new connections over the workers.
             response = requests.post(f'http://127.0.0.1:{port}/test.pid', headers={'Connection': 'close'},
                                      timeout=5)
             pids.add(response.json()['pid'])
-            if len(pids) == 2:
-                break
+            if len(pids) < 2:
+                time.sleep(0.02)
         assert len(pids) == 2 and proc.pid not in pids
     finally:
         proc.send_signal(signal.SIGTERM)
