@@ -19,6 +19,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
 
@@ -47,8 +48,12 @@ class RoundTrips:
     def __enter__(self):
         original, counter = self._original, self
 
+        caller = threading.current_thread()
+
         def counting(conn, command, check_health=True):
-            counter.count += 1
+            # The lock renewer's own round trips (another thread) are not a chat call's.
+            if threading.current_thread() is caller:
+                counter.count += 1
             return original(conn, command, check_health)
 
         redis.connection.Connection.send_packed_command = counting
