@@ -86,7 +86,7 @@ def seed_llmconn(client, conn, chat_id: str, turns: int) -> None:
     for i in range(turns):
         turn = Turn(user=f'seed message {i}', assistant=f'seed answer {i} with a few more words', ts=time.time())
         pipe.rpush(key, json.dumps(turn.to_dict(), separators=(',', ':')))
-    pipe.expire(key, conn.conf.chat_expiry)
+    pipe.expire(key, int(conn.conf.chat_expiry))
     pipe.execute()
 
 

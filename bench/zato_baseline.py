@@ -42,7 +42,7 @@ class ZatoStyleChat:
             body = provider.build_request(Request(text, '', turns))
             reply = provider.parse_response(self.conn.transport.post(provider.url(), self.conn._headers, body))
             history += [{'role': 'user', 'content': text}, {'role': 'assistant', 'content': reply.text}]
-            self.client.set(key, json.dumps(history), ex=conf.chat_expiry)
+            self.client.set(key, json.dumps(history), ex=int(conf.chat_expiry))
         return reply.as_result()
 
     def seed(self, chat_id: str, turns: int) -> None:
@@ -50,7 +50,7 @@ class ZatoStyleChat:
         for i in range(turns):
             history += [{'role': 'user', 'content': f'seed message {i}'},
                         {'role': 'assistant', 'content': f'seed answer {i} with a few more words'}]
-        self.client.set(self.key(chat_id), json.dumps(history), ex=self.conn.conf.chat_expiry)
+        self.client.set(self.key(chat_id), json.dumps(history), ex=int(self.conn.conf.chat_expiry))
 
     def delete(self, chat_id: str) -> None:
         self.client.delete(self.key(chat_id), self.key(chat_id) + ':lock')

@@ -72,7 +72,7 @@ class ConnectionConfig(_Frozen):
     timeout: float = Field(DEFAULT_TIMEOUT, gt=0)
     max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
     max_history_turns: int = Field(DEFAULT_MAX_HISTORY_TURNS, ge=1)
-    chat_expiry: int = Field(DEFAULT_CHAT_EXPIRY, ge=1)
+    chat_expiry: float = Field(DEFAULT_CHAT_EXPIRY, gt=0)
     max_retries: int = Field(DEFAULT_MAX_RETRIES, ge=0, le=10)
     lock_wait: float = Field(DEFAULT_LOCK_WAIT, ge=0)
     lock_ttl: float = Field(DEFAULT_LOCK_TTL, gt=0)

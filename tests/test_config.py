@@ -111,3 +111,8 @@ def test_load_file_resolves_skills_dir_and_names_the_file(tmp_path):
         mod_config.load_file(path)
     with pytest.raises(ConfigError, match='cannot read'):
         mod_config.load_file(tmp_path / 'missing.yaml')
+
+
+def test_durations_take_fractions_of_a_second():
+    c = load([{'name': 'c', 'model': 'm', 'chat_expiry': 1.5, 'lock_wait': 0.25, 'lock_ttl': 2.5, 'timeout': 0.5}]).llm[0]
+    assert (c.chat_expiry, c.lock_wait, c.lock_ttl, c.timeout) == (1.5, 0.25, 2.5, 0.5)

@@ -110,8 +110,8 @@ class ChatStore:
                 return value
             pttl = value
 
-    def _do_save(self, keys: ChatKeys, token: str, data: bytes, max_turns: int, expiry: int) -> bool:
-        args = (token, data, max_turns, expiry)
+    def _do_save(self, keys: ChatKeys, token: str, data: bytes, max_turns: int, expiry: float) -> bool:
+        args = (token, data, max_turns, max(1, int(expiry * 1000)))
         return self._run(self._save, (keys.lock, keys.turns, keys.wake, keys.waiting), args) == 1
 
     def _do_release(self, keys: ChatKeys, token: str) -> bool:

@@ -70,7 +70,7 @@ class ChatLock:
         self._ttl_ms = ttl_ms
         self._open = True           # save or release still has work to do
 
-    def save(self, turn: Turn, *, expiry: int, max_turns: int) -> None:
+    def save(self, turn: Turn, *, expiry: float, max_turns: int) -> None:
         """Append ``turn``, keep the last ``max_turns``, expire in ``expiry`` s, unlock."""
         if not self._open:
             raise LockLost('This chat lock was already saved or released; begin a new call to save another turn')

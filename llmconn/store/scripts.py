@@ -66,7 +66,7 @@ return {{0, redis.call('PTTL', KEYS[1])}}
 # Appends a turn and releases the lock, if the lock is still ours.
 #   KEYS[1] - lock, KEYS[2] - turns, KEYS[3] - wake list, KEYS[4] - waiting flag
 #   ARGV[1] - our token, ARGV[2] - the turn as compact JSON, ARGV[3] - max stored turns,
-#   ARGV[4] - chat expiry (s)
+#   ARGV[4] - chat expiry (ms)
 # Returns 1 when saved, 0 when the lock was no longer ours (nothing written).
 SAVE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
@@ -76,7 +76,7 @@ local max_turns = tonumber(ARGV[3])
 if redis.call('RPUSH', KEYS[2], ARGV[2]) > max_turns then
     redis.call('LTRIM', KEYS[2], -max_turns, -1)
 end
-redis.call('EXPIRE', KEYS[2], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
 redis.call('DEL', KEYS[1])
 """ + _WAKE_ONE + """
 return 1
