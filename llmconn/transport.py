@@ -69,6 +69,7 @@ class Transport:
         self.session.mount('https://', adapter)
         if address:
             read_environment_once(self.session, address)
+        self._prepared: dict[tuple, tuple] = {}
 
     def __repr__(self) -> str:
         return f'<Transport {self.name!r}>'
@@ -108,8 +109,8 @@ class Transport:
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             try:
-                response = self.session.request(method, url, headers=headers, data=data,
-                                                timeout=self.timeout, stream=stream)
+                response = self.session.send(self._prepare(method, url, headers, data),
+                                             timeout=self.timeout, stream=stream)
             except requests.Timeout as e:
                 if isinstance(e, requests.ConnectTimeout) and not last:
                     self.sleep(self._backoff(attempt))
@@ -133,6 +134,25 @@ class Transport:
             response.close()
             self.sleep(wait)
         raise AssertionError('unreachable')
+
+    def _prepare(self, method: str, url: str, headers: dict, data: bytes | None) -> requests.PreparedRequest:
+        """The request to send: a copy of one prepared per method, URL and headers, with this body.
+
+        ``Session.request`` would parse the URL and merge settings, headers and
+        cookies anew for every call (about 70 µs of CPU); a connection always
+        sends the same method, URL and headers, so that work is done once.
+        Cookies a provider sets later are not sent back: LLM APIs use none.
+        """
+        key = (method, url)
+        cached = self._prepared.get(key)
+        if cached is None or cached[0] is not headers:
+            cached = self._prepared[key] = (headers, self.session.prepare_request(
+                requests.Request(method, url, headers=headers)))
+        prepared = cached[1].copy()
+        if data is not None:
+            prepared.body = data
+            prepared.headers['Content-Length'] = str(len(data))
+        return prepared
 
     def _retry_wait(self, response, attempt: int) -> float | None:
         """Seconds to wait before retrying this answer, or None when it must not be retried."""
