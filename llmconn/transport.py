@@ -12,33 +12,27 @@ retried (the provider may still be generating, and a retry would pay twice);
 other 4xx answers are never retried. A stream is retried only before its
 first byte.
 
-Answers are read as the real APIs and the servers that imitate them send
-them: JSON is decoded from its bytes (UTF-8 unless a charset says
-otherwise, whatever the content type claims); server-sent events may end
-their lines with LF, CRLF or CR, start with a byte order mark, and end
-without a final blank line. A stream request answered with one plain JSON
-body (a server that ignores ``stream``, or Gemini's JSON array when
-``alt=sse`` is not honoured) is handed on as :data:`JSON_BODY` events.
+Bodies are read by :mod:`llmconn.sse`. A stream request answered with one
+plain JSON body (a server that ignores ``stream``, or Gemini's JSON array
+when ``alt=sse`` is not honoured) is handed on as :data:`JSON_BODY` events.
 """
 
 from __future__ import annotations
 
-import codecs
 import email.utils
-import itertools
 import json
 import logging
 import os
 import random
-import re
 import time as mod_time
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import requests
 from requests.adapters import HTTPAdapter
 
 from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
 from llmconn.providers.base import JSON_BODY, SSE
+from llmconn.sse import decode_json, iter_sse, sniff
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +43,6 @@ RETRY_AFTER_CAP = 60.0      # a provider asking for more than this is treated as
 CONNECT_TIMEOUT_CAP = 10.0  # opening a TCP connection never needs the whole read timeout
 ERROR_BODY_CHARS = 10000    # how much of a non-JSON error body is kept for the caller
 
-_line_end = re.compile(rb'\r\n|\r|\n')
-_charset = re.compile(r'charset\s*=\s*"?([\w.:-]+)', re.IGNORECASE)
 
 
 class Transport:
@@ -88,7 +80,7 @@ class Transport:
         """POST ``body`` and yield the server-sent events of the answer as they arrive."""
         response = self._send('POST', url, headers, body, stream=True)
         try:
-            first, chunks = _sniff(response.iter_content(chunk_size=None))
+            first, chunks = sniff(response.iter_content(chunk_size=None))
             if first in (b'{', b'['):
                 yield from self._json_events(response, b''.join(chunks))
             else:
@@ -250,21 +242,6 @@ def parse_retry_after(headers) -> float | None:
     return max(0.0, when.timestamp() - mod_time.time())
 
 
-def decode_json(raw: bytes, content_type: str = '') -> Any:
-    """JSON from a body's bytes: UTF-8 (or -16/-32, detected) unless the content type names a charset.
-
-    ``requests`` would decode a ``text/*`` body without a charset as
-    ISO-8859-1 and garble every non-ASCII character; JSON is UTF-8 by default.
-    """
-    match = _charset.search(content_type)
-    if match and match.group(1).lower().replace('_', '-') not in ('utf-8', 'utf8'):
-        try:
-            return json.loads(raw.decode(match.group(1)))
-        except (LookupError, UnicodeDecodeError):
-            pass    # a charset we cannot honour: the bytes may still be UTF-8
-    return json.loads(raw)
-
-
 def _text(raw: bytes) -> str:
     return raw.decode('utf-8', errors='replace')
 
@@ -286,61 +263,3 @@ def provider_message(body: Any) -> str:
     return ''
 
 
-def _sniff(chunks: Iterable[bytes]) -> tuple[bytes, Iterator[bytes]]:
-    """The first meaningful byte of a body, and all of its chunks (none lost to the peek)."""
-    chunks = iter(chunks)
-    seen: list[bytes] = []
-    for chunk in chunks:
-        seen.append(chunk)
-        head = b''.join(seen).removeprefix(codecs.BOM_UTF8).lstrip()
-        if head:
-            return head[:1], itertools.chain(seen, chunks)
-    return b'', iter(seen)
-
-
-def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Lines ended by LF, CRLF or CR (a CRLF may be split between chunks); the last one even unended.
-
-    Only each new chunk is scanned, so a long line arriving in many pieces costs linear time.
-    """
-    pending = bytearray()
-    after_cr = False
-    for chunk in chunks:
-        if not chunk:
-            continue
-        start = 1 if after_cr and chunk[:1] == b'\n' else 0
-        for match in _line_end.finditer(chunk, start):
-            pending += chunk[start:match.start()]
-            yield bytes(pending)
-            pending.clear()
-            start = match.end()
-        pending += chunk[start:]
-        after_cr = chunk.endswith(b'\r')
-    if pending:
-        yield bytes(pending)
-
-
-def iter_sse(chunks: Iterable[bytes]) -> Iterator[SSE]:
-    """Parse a server-sent event stream from byte chunks as they arrive, by the WHATWG rules.
-
-    Beyond them, an event whose data is blank (a keep-alive) is skipped, and the
-    last event counts even when the stream ends without its blank line.
-    """
-    event, data = '', []
-    for number, raw in enumerate(_lines(chunks)):
-        if number == 0:
-            raw = raw.removeprefix(codecs.BOM_UTF8)
-        line = raw.decode('utf-8', errors='replace')
-        if not line:
-            if data and ''.join(data).strip():
-                yield SSE((event, '\n'.join(data)))
-            event, data = '', []
-        elif not line.startswith(':'):
-            field, _, value = line.partition(':')
-            value = value[1:] if value.startswith(' ') else value
-            if field == 'event':
-                event = value
-            elif field == 'data':
-                data.append(value)
-    if data and ''.join(data).strip():
-        yield SSE((event, '\n'.join(data)))

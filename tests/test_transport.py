@@ -15,7 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
-from llmconn.transport import Transport, iter_sse, parse_retry_after
+from llmconn.sse import iter_sse
+from llmconn.transport import Transport, parse_retry_after
 
 SECRET = 'sk-test-transport-secret'
 

@@ -26,7 +26,8 @@ from openai.types.responses import ResponseInputItemParam
 from llmconn.errors import ConfigError, InvalidInput, LLMError, LLMRateLimited
 from llmconn.providers.base import EMPTY_REPLY, JSON_BODY, SSE
 from llmconn.registry import Registry
-from llmconn.transport import Transport, iter_sse
+from llmconn.sse import iter_sse
+from llmconn.transport import Transport
 from llmconn.types import Request, Turn
 
 from provider_helpers import assert_valid, make_provider, run_stream
