@@ -235,3 +235,72 @@ def test_repeated_begin_of_the_same_call_does_not_wait_for_itself(store, unique)
     taken, _ = store._run(store._begin, (keys.lock, keys.turns, keys.waiting), (lock._token, 5000, 5))
     assert taken == 1
     lock.release()
+
+
+def wait_until_blocked(redis_client, count: int) -> None:
+    """Until ``count`` clients are blocked in BLPOP (waiters that are really queued)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if int(redis_client.info('clients')['blocked_clients']) >= count:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f'{count} waiters never blocked')
+
+
+def test_waiters_are_served_in_the_order_they_arrived(store, other, unique, redis_client):
+    holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    blocked_before = int(redis_client.info('clients')['blocked_clients'])
+    served = []
+
+    def waiter(name):
+        with other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL) as lock:
+            served.append(name)
+            time.sleep(0.01)
+            lock.save(turn(name), expiry=60, max_turns=100)
+
+    threads = []
+    for i, name in enumerate(['first', 'second', 'third', 'fourth']):
+        threads.append(threading.Thread(target=waiter, args=(name,)))
+        threads[-1].start()
+        wait_until_blocked(redis_client, blocked_before + i + 1)
+    holder.release()
+    for thread in threads:
+        thread.join(10)
+    assert served == ['first', 'second', 'third', 'fourth']
+
+
+def test_a_caller_that_just_released_cannot_jump_the_queue(store, other, unique, redis_client):
+    blocked_before = int(redis_client.info('clients')['blocked_clients'])
+    holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    waiter = threading.Thread(target=lambda: other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+                              .save(turn('waiter'), expiry=60, max_turns=100))
+    waiter.start()
+    wait_until_blocked(redis_client, blocked_before + 1)
+    holder.save(turn('holder'), expiry=60, max_turns=100)
+    # The same process asks again at once, before the waiter could even be scheduled.
+    store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(turn('again'), expiry=60, max_turns=100)
+    waiter.join(10)
+    assert [t.user for t in store.history(unique, 'c')] == ['holder', 'waiter', 'again']
+
+
+def test_a_ticket_nobody_claims_is_taken_by_the_next_caller(store, other, unique, redis_client):
+    keys = chat_keys(unique, 'c')
+    holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    redis_client.set(keys.waiting, 1, px=3000)      # a waiter that gave up just before the release
+    holder.release()
+    assert redis_client.get(keys.lock).startswith(b'handoff:')
+    started = time.monotonic()
+    other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).release()
+    assert time.monotonic() - started < 0.2          # the ticket was still there to pick up
+
+
+def test_a_ticket_lost_with_its_waiter_blocks_the_chat_for_at_most_the_handoff_ttl(store, other, unique,
+                                                                                     redis_client):
+    keys = chat_keys(unique, 'c')
+    holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    redis_client.set(keys.waiting, 1, px=3000)
+    holder.release()
+    redis_client.delete(keys.wake)                   # the woken waiter died with its ticket
+    started = time.monotonic()
+    other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).release()
+    assert time.monotonic() - started < 1.5

@@ -82,7 +82,7 @@ class ChatStore:
             renewer.shorten(ttl_ms)
         keys = chat_keys(conn_name, chat_id)
         token = _new_token()
-        args = (token, ttl_ms, window)
+        args = (token, ttl_ms, window, b'')
         taken, value = self._run(self._begin, (keys.lock, keys.turns, keys.waiting), args)
         if not taken:
             value = self._wait(keys, args, value, lock_wait, conn_name, chat_id)
@@ -92,7 +92,11 @@ class ChatStore:
 
     def _wait(self, keys: ChatKeys, args: tuple, pttl: int, lock_wait: float, conn_name: str,
               chat_id: str) -> bytes:
-        """Block until the holder's SAVE or RELEASE wakes us (or its lock runs out), then retry."""
+        """Block until a SAVE or RELEASE hands us the lock (or the holder's lock runs out), then take it.
+
+        The wake-up carries a ticket; BEGIN with it claims the lock reserved for
+        that ticket, so waiters are served in the order Redis unblocks them.
+        """
         deadline = self._clock() + lock_wait
         while True:
             remaining = deadline - self._clock()
@@ -102,10 +106,11 @@ class ChatStore:
                                f'in the connection\'s configuration.')
             timeout = min(remaining, WAKE_WAIT_CAP, pttl / 1000.0 if pttl > 0 else WAKE_WAIT_CAP)
             try:
-                self._wire.call('BLPOP', keys.wake, max(timeout, MIN_WAKE_WAIT))
+                woken = self._wire.call('BLPOP', keys.wake, max(timeout, MIN_WAKE_WAIT))
             except RedisError as exc:
                 raise self._error(exc) from exc
-            taken, value = self._run(self._begin, (keys.lock, keys.turns, keys.waiting), args)
+            ticket = woken[1] if woken else b''
+            taken, value = self._run(self._begin, (keys.lock, keys.turns, keys.waiting), args[:3] + (ticket,))
             if taken:
                 return value
             pttl = value

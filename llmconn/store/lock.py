@@ -25,6 +25,17 @@ Failure timeline, and why nothing is lost or duplicated::
     the renewer marks the lock lost and SAVE writes nothing and raises
     LockLost. A stale holder can never overwrite, unlock or extend B's lock.
 
+Handover, and why a busy chat is served in order::
+
+    t0  A holds the chat; B, then C, fail BEGIN and block in BLPOP (in that order)
+    t1  A saves: waiters exist, so the lock becomes a ticket reserved for ~1 s and
+        the ticket is pushed; Redis gives it to B, the longest blocked
+    t2  A calls again at once: the lock is taken (by the ticket), so A queues behind C
+    t3  B's BEGIN presents the ticket and turns the reservation into its lock
+
+    B killed between t1 and t3: the reservation lapses after HANDOFF_TTL_MS and C
+    (whose BLPOP wait is capped at the lock's remaining ttl) takes the lock.
+
 Every script is fenced by the token; see :mod:`llmconn.store.scripts`.
 """
 
