@@ -182,7 +182,7 @@ class Transport:
         status = response.status_code
         raw = response.content
         try:
-            body = decode_json(raw, response.headers.get('content-type', ''))
+            body = self._redact(decode_json(raw, response.headers.get('content-type', '')))
         except ValueError:
             body = self._redact(_text(raw[:ERROR_BODY_CHARS]))
         detail = provider_message(body)
@@ -202,8 +202,18 @@ class Transport:
         return LLMError(self._redact(f'{self.name}: {message}'), status=status, provider_body=body,
                         connection=self.name)
 
-    def _redact(self, text: str) -> str:
-        return text.replace(self._secret, '***') if self._secret and isinstance(text, str) else text
+    def _redact(self, value: Any) -> Any:
+        """``value`` with the connection's secret masked wherever it occurs (provider bodies too:
+        some providers quote the key they refused)."""
+        if not self._secret:
+            return value
+        if isinstance(value, str):
+            return value.replace(self._secret, '***')
+        if isinstance(value, dict):
+            return {k: self._redact(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._redact(v) for v in value]
+        return value
 
 
 def read_environment_once(session: requests.Session, address: str) -> None:

@@ -186,3 +186,13 @@ def test_proxy_environment_is_read_once_per_connection(monkeypatch):
     assert not local.session.proxies
     # No environment scan per request any more: the answer was settled above.
     assert remote.session.trust_env is False and local.session.trust_env is False
+
+
+def test_secret_is_masked_inside_a_json_error_body(server):
+    server.script = [(401, {}, json.dumps({'error': {'message': f'Incorrect API key provided: {SECRET}',
+                                                     'details': [SECRET]}}).encode(), 0)]
+    transport, _ = make()
+    with pytest.raises(LLMAuthError) as e:
+        transport.post(server.url, {'authorization': f'Bearer {SECRET}'}, {})
+    assert e.value.provider_body == {'error': {'message': 'Incorrect API key provided: ***', 'details': ['***']}}
+    assert SECRET not in str(e.value)
