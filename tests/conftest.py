@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from llmconn.testing.fake_server import FakeProviderServer
+from scripted_server import ScriptedServer
 
 DEFAULT_REDIS_URL = 'redis://127.0.0.1:6379/0'
 
@@ -124,3 +125,11 @@ def skills_dir(tmp_path):
     skill.parent.mkdir(parents=True)
     skill.write_text('---\nname: terse\ndescription: short answers\n---\nSECRET-SAUCE answer tersely.\n')
     return tmp_path / 'skills'
+
+
+@pytest.fixture
+def server():
+    """A scripted HTTP server (see scripted_server.py) for tests of the transport."""
+    srv = ScriptedServer().start()
+    yield srv
+    srv.stop()

@@ -1,16 +1,15 @@
 """Transport: retries, Retry-After, error translation, SSE parsing and secret redaction.
 
-A tiny scripted HTTP server answers each request with the next response
-from a queue and counts what it received, so every attempt is visible.
+The ``server`` fixture (tests/scripted_server.py) answers each request
+with the next response from a script and records what it received, so
+every attempt is visible.
 """
 
 from __future__ import annotations
 
 import email.utils
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -19,47 +18,6 @@ from llmconn.sse import iter_sse
 from llmconn.transport import Transport, parse_retry_after
 
 SECRET = 'sk-test-transport-secret'
-
-
-class Scripted(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self):
-        super().__init__(('127.0.0.1', 0), Handler)
-        self.script: list = []
-        self.received: list = []
-        self.url = f'http://127.0.0.1:{self.server_address[1]}'
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = 'HTTP/1.1'
-
-    def log_message(self, *args):
-        pass
-
-    def do_POST(self):
-        length = int(self.headers.get('content-length', 0))
-        self.server.received.append((self.path, dict(self.headers), self.rfile.read(length)))
-        status, headers, body, delay = self.server.script.pop(0) if self.server.script else (200, {}, b'{}', 0)
-        time.sleep(delay)
-        self.send_response(status)
-        for k, v in headers.items():
-            self.send_header(k, v)
-        self.send_header('content-length', str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST
-
-
-@pytest.fixture
-def server():
-    srv = Scripted()
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
 
 
 def make(max_retries=2, timeout=5.0):

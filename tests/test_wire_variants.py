@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
-import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from anthropic.types import MessageParam
@@ -480,59 +477,7 @@ def test_an_unstreamed_error_body_is_still_an_error():
         unstreamed(openai(), {'error': {'message': 'overloaded', 'type': 'server_error'}})
 
 
-# ---- through HTTP: a tiny scripted server
-
-
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self):
-        super().__init__(('127.0.0.1', 0), Handler)
-        self.script: list = []
-        self.received: list = []
-        self.url = f'http://127.0.0.1:{self.server_address[1]}'
-
-    def server_bind(self):
-        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super().server_bind()
-
-
-class Handler(BaseHTTPRequestHandler):
-    """Answers with the next ``(status, headers, pieces)``; several pieces go chunked, a pause between."""
-
-    protocol_version = 'HTTP/1.1'
-
-    def log_message(self, *args):
-        pass
-
-    def do_POST(self):
-        length = int(self.headers.get('content-length', 0))
-        self.server.received.append((self.path, json.loads(self.rfile.read(length) or b'null')))
-        status, headers, pieces = self.server.script.pop(0)
-        self.send_response(status)
-        for k, v in headers.items():
-            self.send_header(k, v)
-        if isinstance(pieces, bytes):
-            self.send_header('content-length', str(len(pieces)))
-            self.end_headers()
-            self.wfile.write(pieces)
-            return
-        self.send_header('transfer-encoding', 'chunked')
-        self.end_headers()
-        for piece in pieces:
-            self.wfile.write(b'%x\r\n%s\r\n' % (len(piece), piece))
-            self.wfile.flush()
-            time.sleep(0.005)
-        self.wfile.write(b'0\r\n\r\n')
-
-
-@pytest.fixture
-def server():
-    srv = Server()
-    threading.Thread(target=srv.serve_forever, kwargs={'poll_interval': 0.01}, daemon=True).start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+# ---- through HTTP, against the scripted server (tests/scripted_server.py)
 
 
 def transport(max_retries=2):
@@ -640,7 +585,7 @@ def test_openai_end_to_end_when_the_server_ignores_stream(server):
     events = list(connection(server, 'openai', 'llama3.2').stream('hi'))
     assert [(e.type, e.text) for e in events] == [('text', 'Whole'), ('done', '')]
     assert events[-1].result['usage'] == {'input_tokens': 3, 'output_tokens': 1}
-    assert server.received[0][1]['stream'] is True
+    assert json.loads(server.received[0][2])['stream'] is True
 
 
 def test_claude_end_to_end_stream_with_crlf_no_event_lines_and_no_final_blank_line(server):

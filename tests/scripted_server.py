@@ -1,0 +1,68 @@
+"""A tiny HTTP server that answers from a script, for tests of what the transport does with answers.
+
+Each request gets the next ``(status, headers, body[, delay])`` of ``script``;
+``body`` is bytes, or a list of pieces sent chunked with a short pause
+between them (a stream arriving in parts). ``received`` records
+``(path, headers, raw body)`` of every request, so every attempt is visible.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PIECE_PAUSE = 0.005     # seconds between the pieces of a chunked answer
+
+
+class ScriptedServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(('127.0.0.1', 0), _Handler)
+        self.script: list = []
+        self.received: list = []
+        self.url = f'http://127.0.0.1:{self.server_address[1]}'
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().server_bind()
+
+    def start(self) -> 'ScriptedServer':
+        threading.Thread(target=self.serve_forever, kwargs={'poll_interval': 0.01}, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = 'HTTP/1.1'
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get('content-length', 0))
+        self.server.received.append((self.path, dict(self.headers), self.rfile.read(length)))
+        status, headers, body, *delay = self.server.script.pop(0) if self.server.script else (200, {}, b'{}')
+        time.sleep(delay[0] if delay else 0)
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        if isinstance(body, bytes):
+            self.send_header('content-length', str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_header('transfer-encoding', 'chunked')
+        self.end_headers()
+        for piece in body:
+            self.wfile.write(b'%x\r\n%s\r\n' % (len(piece), piece))
+            self.wfile.flush()
+            time.sleep(PIECE_PAUSE)
+        self.wfile.write(b'0\r\n\r\n')
+
+    do_GET = do_POST
