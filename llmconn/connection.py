@@ -111,7 +111,7 @@ class Connection:
                               lock_ttl=conf.lock_ttl, lock_wait=conf.lock_wait) as lock:
             request, chain = self._chat_request(lock.turns, text, system, params, stream)
             done = None
-            for event in self._call_reseeding(request, lock.turns):
+            for event, chain in self._call_reseeding(request, lock.turns, chain):
                 if event.type == 'done':
                     done = event
                 else:
@@ -135,24 +135,27 @@ class Connection:
             return Request(text, system, (), params, stream, previous_response_id=last.response_id), last.chain + 1
         return Request(text, system, tuple(window), params, stream), len(window) + 1
 
-    def _call_reseeding(self, request: Request, window: list) -> Iterator[Event]:
-        """Call the provider; if it forgot the chain we continue, start a new one from local history."""
-        if not request.previous_response_id:
-            yield from self._call(request)
-            return
+    def _call_reseeding(self, request: Request, window: list, chain: int) -> Iterator[tuple[Event, int]]:
+        """Call the provider, yielding each event with the provider-side chain length it makes.
+
+        If the provider forgot the chain we continue, a new one starts from local history.
+        """
         events = self._call(request)
-        try:
-            first = next(events)
-        except LLMError as e:
-            if not _forgot_previous(e):
-                raise
-            # The local window is the truth; the provider's copy of the chain is gone, and with it
-            # the stored items our turns' reasoning refers to, so those turns go back as plain text.
-            plain = tuple(replace(turn, items=()) for turn in window)
-            yield from self._call(Request(request.text, request.system, plain, request.params, request.stream))
-            return
-        yield first
-        yield from events
+        if request.previous_response_id:
+            try:
+                first = next(events)
+            except LLMError as e:
+                if not _forgot_previous(e):
+                    raise
+                # The local window is the truth; the provider's copy of the chain is gone, and with it
+                # the stored items our turns' reasoning refers to, so those turns go back as plain text.
+                plain = tuple(replace(turn, items=()) for turn in window)
+                events = self._call(Request(request.text, request.system, plain, request.params, request.stream))
+                chain = len(window) + 1
+            else:
+                yield first, chain
+        for event in events:
+            yield event, chain
 
     def _call(self, request: Request) -> Iterator[Event]:
         body = self.provider.build_request(request)
