@@ -68,6 +68,10 @@ def run_serve(args: argparse.Namespace) -> int:
         print('error: --workers must be at least 1', file=sys.stderr)
         return 2
     if args.workers > 1:
+        problem = _unshareable_store(args.config)
+        if problem:
+            print(f'error: {problem}', file=sys.stderr)
+            return 2
         return _supervise(args)
     from gevent import monkey
     if monkey.is_module_patched('socket'):
@@ -78,6 +82,21 @@ def run_serve(args: argparse.Namespace) -> int:
     command = serve_command(_argv(args, reuse_port=args.reuse_port))
     os.execv(command[0], command)
     return 1    # not reached
+
+
+def _unshareable_store(config_path: str) -> str:
+    """Why the configuration cannot serve several workers, or '' when it can."""
+    from llmconn import config as mod_config
+    from llmconn.errors import ConfigError
+    try:
+        conf = mod_config.load_file(config_path)
+    except ConfigError as e:
+        return str(e)
+    if conf.redis.url.startswith('memory://'):
+        return (f'--workers needs a chat store the workers share, but {config_path} uses memory:// (chats '
+                f'inside one process, so each worker would have its own); set redis.url to a Redis, e.g. '
+                f'REDIS_URL=redis://127.0.0.1:6379/0, or run one worker')
+    return ''
 
 
 def serve_command(argv: list[str]) -> list[str]:

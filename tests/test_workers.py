@@ -1,8 +1,11 @@
 """Several server processes sharing one real Redis: any of them continues any conversation."""
 
+import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -107,3 +110,11 @@ def test_workers_share_one_port_and_stop_together(setup):
         assert proc.wait(15) == 0
     with pytest.raises(requests.ConnectionError):
         requests.get(f'http://127.0.0.1:{port}/health', timeout=2)
+
+
+def test_workers_refuse_a_store_they_cannot_share():
+    done = subprocess.run([sys.executable, '-m', 'llmconn', 'serve', '--config', str(ROOT / 'etc' / 'embedded.yaml'),
+                           '--workers', '2'], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != 'REDIS_URL'})
+    assert done.returncode == 2
+    assert 'memory://' in done.stderr and 'redis.url' in done.stderr
