@@ -32,6 +32,7 @@ from llmconn.types import Event, Request, Turn
 
 MAX_TEXT_CHARS = 1_000_000      # one message; providers' context windows end well before this
 MAX_CHAT_ID_CHARS = 256
+PING_TEXT = 'ping'              # what ping() asks a server that has no model list
 
 
 class Connection:
@@ -69,9 +70,18 @@ class Connection:
         return self._events(text, chat_id, skill, params, stream=True)
 
     def ping(self) -> bool:
-        """True when the provider answers; raises LLMError otherwise."""
+        """True when the provider answers; raises LLMError otherwise.
+
+        Asks for the model list, which costs no tokens; a server that has none
+        (404 or 405: some compatible servers and gateways) is asked a one-word question.
+        """
         self._check_active()
-        self.transport.get(self.provider.ping_url(), self._headers)
+        try:
+            self.transport.get(self.provider.ping_url(), self._headers)
+        except LLMError as e:
+            if e.status not in (404, 405):
+                raise
+            self._drain(self._call(Request(PING_TEXT)))
         return True
 
     def history(self, chat_id: str) -> list[dict]:

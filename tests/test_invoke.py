@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -94,3 +95,19 @@ def test_provider_errors_carry_status_and_body_and_no_secret(registry, provider,
         registry['gemini'].invoke('hello')
     assert e.value.status == 400 and 'error' in e.value.provider_body
     assert SECRET not in caplog.text and SECRET not in str(e.value)
+
+
+def test_ping_falls_back_to_a_question_when_the_server_has_no_model_list(server):
+    completion = {'id': 'c1', 'object': 'chat.completion', 'created': 1, 'model': 'm',
+                  'choices': [{'index': 0, 'finish_reason': 'stop',
+                               'message': {'role': 'assistant', 'content': 'pong'}}]}
+    server.script = [(404, {'content-type': 'application/json'}, b'{"detail": "Not Found"}'),
+                     (200, {'content-type': 'application/json'}, json.dumps(completion).encode())]
+    registry = Registry.from_dict({'llm': [{'name': 'gw', 'provider': 'openai', 'model': 'm',
+                                            'address': server.url + '/v1', 'max_retries': 0}]})
+    assert registry['gw'].ping() is True
+    assert [path for path, _, _ in server.received] == ['/v1/models', '/v1/chat/completions']
+    server.script = [(401, {}, b'{"error": {"message": "bad key"}}')]
+    with pytest.raises(LLMAuthError):
+        registry['gw'].ping()
+    registry.close()
