@@ -62,8 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     add_serve_arguments(serve)
     serve.set_defaults(func=cmd_serve)
 
-    fake = sub.add_parser('fake-provider', help='run the fake provider (Claude, OpenAI, Responses and Gemini wire formats); '
-                                 'LLMCONN_FAKE_API_KEY makes it require that key')
+    fake = sub.add_parser('fake-provider',
+                          help='run the fake provider (Claude, OpenAI, Responses and Gemini wire formats); '
+                               'LLMCONN_FAKE_API_KEY makes it require that key')
     fake.add_argument('--host', default='127.0.0.1')
     fake.add_argument('--port', type=int, default=17011)
     fake.add_argument('--latency', type=float, default=0.0, help='seconds added to every answer')
