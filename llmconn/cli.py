@@ -13,6 +13,7 @@ import logging
 import sys
 
 from llmconn.errors import LLMConnError
+from llmconn.redact import mask_url
 
 DEFAULT_CONFIG = 'etc/llm.yaml'
 
@@ -75,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
 def cmd_check(args) -> int:
     from llmconn import config as mod_config
     conf = mod_config.load_file(args.config)
-    print(f'{args.config}: OK, {len(conf.llm)} connection(s), store {_display_url(conf.redis.url)}, '
+    print(f'{args.config}: OK, {len(conf.llm)} connection(s), store {mask_url(conf.redis.url)}, '
           f'skills in {conf.skills_path}')
     for conn in conf.llm:
         state = '' if conn.is_active else '  (inactive)'
@@ -123,12 +124,3 @@ def cmd_serve(args) -> int:
 def cmd_fake_provider(args) -> int:
     from llmconn.testing.fake_server import main as fake_main
     return fake_main(['--host', args.host, '--port', str(args.port), '--latency', str(args.latency)]) or 0
-
-
-def _display_url(url: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(':' + parts.password + '@', ':***@')
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from llmconn.errors import ConfigError
+from llmconn.redact import mask_url
 
 # Zato's defaults, so a Zato author finds the same behaviour here.
 DEFAULT_POOL_SIZE = 50
@@ -116,7 +117,11 @@ class ConnectionConfig(_Frozen):
 
 
 class RedisConfig(_Frozen):
-    url: str = DEFAULT_REDIS_URL
+    url: str = Field(DEFAULT_REDIS_URL, repr=False)
+
+    def __repr_args__(self):
+        # The URL may carry the Redis password: show it masked, as SecretStr does for secrets.
+        yield 'url', mask_url(self.url)
 
 
 class ServerConfig(_Frozen):

@@ -32,6 +32,7 @@ from requests.adapters import HTTPAdapter
 
 from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
 from llmconn.providers.base import JSON_BODY, SSE
+from llmconn.redact import scrub
 from llmconn.sse import decode_json, iter_sse, sniff
 
 logger = logging.getLogger(__name__)
@@ -203,17 +204,8 @@ class Transport:
                         connection=self.name)
 
     def _redact(self, value: Any) -> Any:
-        """``value`` with the connection's secret masked wherever it occurs (provider bodies too:
-        some providers quote the key they refused)."""
-        if not self._secret:
-            return value
-        if isinstance(value, str):
-            return value.replace(self._secret, '***')
-        if isinstance(value, dict):
-            return {k: self._redact(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self._redact(v) for v in value]
-        return value
+        """``value`` with the connection's secret masked (provider bodies too: some quote the key they refused)."""
+        return scrub(value, self._secret)
 
 
 def read_environment_once(session: requests.Session, address: str) -> None:

@@ -116,3 +116,10 @@ def test_load_file_resolves_skills_dir_and_names_the_file(tmp_path):
 def test_durations_take_fractions_of_a_second():
     c = load([{'name': 'c', 'model': 'm', 'chat_expiry': 1.5, 'lock_wait': 0.25, 'lock_ttl': 2.5, 'timeout': 0.5}]).llm[0]
     assert (c.chat_expiry, c.lock_wait, c.lock_ttl, c.timeout) == (1.5, 0.25, 2.5, 0.5)
+
+
+def test_redis_password_is_masked_in_the_config_repr():
+    conf = mod_config.load_dict({'redis': {'url': 'redis://app:pw-TOP-SECRET@10.0.0.5:6379/0'}}, source='x.yaml')
+    assert conf.redis.url == 'redis://app:pw-TOP-SECRET@10.0.0.5:6379/0'      # usable ...
+    assert 'pw-TOP-SECRET' not in repr(conf) and 'pw-TOP-SECRET' not in str(conf.redis)   # ... never shown
+    assert 'redis://app:***@10.0.0.5:6379/0' in repr(conf.redis)

@@ -5,7 +5,8 @@ chat and reads its window (one round trip) and returns a :class:`ChatLock`
 whose ``save(turn, ...)`` appends the turn and unlocks (one more round trip).
 """
 
-from llmconn.store.connect import mask_url, open_store
+from llmconn.redact import mask_url
+from llmconn.store.connect import open_store
 from llmconn.store.history import ChatStore
 from llmconn.store.keys import ChatKeys, chat_keys
 from llmconn.store.lock import ChatLock

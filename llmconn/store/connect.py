@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 from typing import Any, Callable
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from llmconn.errors import ConfigError
+from llmconn.redact import mask_url
 from llmconn.store.history import ChatStore
 
 logger = logging.getLogger('llmconn.store')
@@ -67,25 +68,6 @@ def open_store(url: str, *, clock: Callable[[], float] | None = None) -> ChatSto
     return ChatStore(client, url_for_display=display, shared=True, clock=clock)
 
 
-def mask_url(url: str) -> str:
-    """``url`` with its password (in the authority or a ``password=`` query field) shown as ``***``."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if parts.password is not None:
-            user_info, _, host = netloc.rpartition('@')
-            user = user_info.partition(':')[0]
-            netloc = f'{user}:***@{host}'
-        query = parts.query
-        if query:
-            fields = [(k, '***' if k.lower() == 'password' else v) for k, v in parse_qsl(query, keep_blank_values=True)]
-            query = urlencode(fields, safe='*')
-        # Not urlunsplit: it turns unix:///path into unix:/path.
-        shown = f'{parts.scheme}://{netloc}{parts.path}'
-        return shown + (f'?{query}' if query else '') + (f'#{parts.fragment}' if parts.fragment else '')
-    except ValueError:
-        # Unparseable: show only the scheme rather than risk showing a password.
-        return url.partition('://')[0] + '://***'
 
 
 def _without_secret(message: str, url: str) -> str:
