@@ -170,7 +170,7 @@ class Connection:
     def _call(self, request: Request) -> Iterator[Event]:
         body = self.provider.build_request(request)
         if request.stream:
-            yield from self.provider.parse_stream(
+            yield from self.provider.read_stream(
                 self.transport.post_stream(self.provider.url(stream=True), self._headers, body))
         else:
             yield self.provider.done(self.provider.parse_response(

@@ -458,7 +458,9 @@ def test_responses_replays_an_empty_reply_as_non_empty_text():
 
 
 def unstreamed(provider, body) -> tuple[list, object]:
-    return run_stream(provider, [SSE((JSON_BODY, json.dumps(body)))])
+    out = list(provider.read_stream([SSE((JSON_BODY, json.dumps(body)))]))
+    assert [e.type for e in out].count('done') == 1 and out[-1].type == 'done', out
+    return [(e.type, e.text) for e in out[:-1]], out[-1].reply
 
 
 def test_every_mapping_accepts_an_unstreamed_answer_to_a_stream_request():

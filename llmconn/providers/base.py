@@ -9,6 +9,7 @@ locking. Keeping the mapping pure means most tests need no network.
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
@@ -125,6 +126,20 @@ class Provider:
     @staticmethod
     def done(reply: Reply) -> Event:
         return Event('done', result=reply.as_result(), reply=reply)
+
+    # Whether a JSON answer to a stream request is a list of stream chunks (Gemini without
+    # alt=sse) rather than one whole reply.
+    json_answer_is_chunks: ClassVar[bool] = False
+
+    def read_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
+        """The events of a stream request's answer: :meth:`parse_stream`, unless the server
+        answered with plain JSON (it ignored ``stream``), which is then one whole reply."""
+        events = iter(events)
+        first = next(events, None)
+        if first is not None and first.event == JSON_BODY and not self.json_answer_is_chunks:
+            yield from self.unstreamed(json_event(self, first))
+            return
+        yield from self.parse_stream(itertools.chain(() if first is None else (first,), events))
 
     def unstreamed(self, body: Any) -> Iterator[Event]:
         """The events of a whole answer that came back unstreamed (a :data:`JSON_BODY` event)."""

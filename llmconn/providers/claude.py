@@ -21,7 +21,7 @@ import json
 from typing import Any, Iterable, Iterator
 
 from llmconn.errors import InvalidInput
-from llmconn.providers.base import JSON_BODY, REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, Provider
+from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, Provider
 from llmconn.providers.base import is_done_marker, json_event, said
 from llmconn.types import Event, Reply, Request, Turn
 
@@ -122,9 +122,6 @@ class ClaudeProvider(Provider):
             if is_done_marker(sse):
                 continue
             data = json_event(self, sse)
-            if sse.event == JSON_BODY:
-                yield from self.unstreamed(data)
-                return
             kind = data.get('type') or sse.event
             if kind == 'error':
                 raise self.error(f'Claude reported an error mid-stream: {_error_message(data)}; '

@@ -44,6 +44,7 @@ class GeminiProvider(Provider):
     name = 'gemini'
     default_address = 'https://generativelanguage.googleapis.com/v1beta'
     capabilities = frozenset({STREAM, SYSTEM})
+    json_answer_is_chunks = True       # streamGenerateContent without alt=sse: a JSON array of chunks
     reserved_params = frozenset({'contents', 'systemInstruction', 'system_instruction'})
 
     def url(self, stream: bool = False) -> str:

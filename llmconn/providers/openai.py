@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Iterator
 
-from llmconn.providers.base import JSON_BODY, SSE, STREAM, SYSTEM, Provider, is_done_marker
+from llmconn.providers.base import SSE, STREAM, SYSTEM, Provider, is_done_marker
 from llmconn.providers.base import json_event, said
 from llmconn.types import Event, Reply, Request
 
@@ -103,9 +103,6 @@ class OpenAIProvider(Provider):
             if is_done_marker(sse):
                 break
             chunk = json_event(self, sse)
-            if sse.event == JSON_BODY:
-                yield from self.unstreamed(chunk)
-                return
             if chunk.get('error'):
                 raise self.error(f'the provider reported an error mid-stream: {error_text(chunk)}; '
                                  f'the reply was not saved, try again', chunk)

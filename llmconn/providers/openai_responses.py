@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable, Iterator
 
-from llmconn.providers.base import JSON_BODY, REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, Provider
+from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, Provider
 from llmconn.providers.base import is_done_marker, json_event, said
 from llmconn.providers.openai import bearer_headers, error_text
 from llmconn.types import Event, Reply, Request, Turn
@@ -135,9 +135,6 @@ class OpenAIResponsesProvider(Provider):
             if is_done_marker(sse):
                 continue
             data = json_event(self, sse)
-            if sse.event == JSON_BODY:
-                yield from self.unstreamed(data)
-                return
             kind = data.get('type') or sse.event
             if kind in _text_deltas and data.get('delta'):
                 streamed.append(data['delta'])
