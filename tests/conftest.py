@@ -19,6 +19,7 @@ import uuid
 import pytest
 import redis
 
+from llmconn import Registry
 from llmconn.testing.fake_server import FakeProviderServer
 from scripted_server import ScriptedServer
 
@@ -133,3 +134,18 @@ def server():
     srv = ScriptedServer().start()
     yield srv
     srv.stop()
+
+
+@pytest.fixture
+def open_registry():
+    """``Registry.from_dict`` for one test; every registry it opened is closed afterwards."""
+    opened = []
+
+    def open_(config: dict):
+        registry = Registry.from_dict(config)
+        opened.append(registry)
+        return registry
+
+    yield open_
+    for registry in opened:
+        registry.close()

@@ -34,17 +34,11 @@ def config(redis_url, provider_url, name, skills_dir='skills', **conn):
 
 
 @pytest.fixture
-def make(redis_url, provider, unique, skills_dir):
-    made = []
-
+def make(redis_url, provider, unique, skills_dir, open_registry):
     def make(url=None, **conn):
-        registry = Registry.from_dict(config(url or redis_url, provider.url, unique, skills_dir, **conn))
-        made.append(registry)
-        return registry[unique]
+        return open_registry(config(url or redis_url, provider.url, unique, skills_dir, **conn))[unique]
 
-    yield make
-    for registry in made:
-        registry.close()
+    return make
 
 
 def requests_for(provider, name_marker):

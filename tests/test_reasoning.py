@@ -31,17 +31,11 @@ def conn_conf(name, provider_url, **fields):
 
 
 @pytest.fixture
-def make(redis_url, provider, unique):
-    made = []
-
+def make(redis_url, provider, unique, open_registry):
     def make(**fields):
-        registry = Registry.from_dict({'redis': {'url': redis_url}, 'llm': [conn_conf(unique, provider.url, **fields)]})
-        made.append(registry)
-        return registry[unique]
+        return open_registry({'redis': {'url': redis_url}, 'llm': [conn_conf(unique, provider.url, **fields)]})[unique]
 
-    yield make
-    for registry in made:
-        registry.close()
+    return make
 
 
 @pytest.fixture

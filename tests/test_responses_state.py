@@ -26,19 +26,13 @@ ENCRYPTED = 'reasoning.encrypted_content'
 
 
 @pytest.fixture
-def make(redis_url, provider, unique, skills_dir):
-    made = []
-
+def make(redis_url, provider, unique, skills_dir, open_registry):
     def make(**fields):
         conf = {'name': unique, 'provider': 'openai-responses', 'model': MODEL, 'address': provider.url + '/v1',
                 'max_retries': 0, **fields}
-        registry = Registry.from_dict({'redis': {'url': redis_url}, 'skills_dir': str(skills_dir), 'llm': [conf]})
-        made.append(registry)
-        return registry[unique]
+        return open_registry({'redis': {'url': redis_url}, 'skills_dir': str(skills_dir), 'llm': [conf]})[unique]
 
-    yield make
-    for registry in made:
-        registry.close()
+    return make
 
 
 def bodies(provider, text):

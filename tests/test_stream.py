@@ -17,7 +17,7 @@ import openai.types.chat
 import openai.types.responses
 import pytest
 
-from llmconn import InvalidInput, LLMError, Registry
+from llmconn import InvalidInput, LLMError
 from llmconn.providers.base import STREAM, SYSTEM
 from llmconn.store.keys import chat_keys
 
@@ -36,19 +36,13 @@ SDK_REPLY = {'claude': anthropic.types.Message, 'openai': openai.types.chat.Chat
 
 
 @pytest.fixture
-def make(redis_url, provider, unique):
-    made = []
-
+def make(redis_url, provider, unique, open_registry):
     def make(kind, **conn):
         conf = {'name': unique, 'provider': kind, 'model': MODEL[kind], 'address': provider.url + API_PATH[kind],
                 'max_retries': 0, **conn}
-        registry = Registry.from_dict({'redis': {'url': redis_url}, 'llm': [conf]})
-        made.append(registry)
-        return registry[unique]
+        return open_registry({'redis': {'url': redis_url}, 'llm': [conf]})[unique]
 
-    yield make
-    for registry in made:
-        registry.close()
+    return make
 
 
 def drain(events) -> tuple[list, dict]:
