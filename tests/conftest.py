@@ -1,10 +1,11 @@
 """Shared fixtures: a real Redis (the machine's, or a throwaway one) and throwaway servers.
 
-Tests that are about locks, expiry or concurrency use a real Redis. The
-session's Redis is 127.0.0.1:6379 when it answers (CI starts it), else a
-``redis-server`` started here on a free port; ``LLMCONN_TEST_REDIS_URL``
-overrides both. Every test gets unique connection names, so tests never
-see each other's keys.
+Tests that are about locks, expiry or concurrency use a real Redis: a
+``redis-server`` this session starts on a free port and kills at the end,
+or the server ``LLMCONN_TEST_REDIS_URL`` names (the tests then own it). No
+test ever writes to, flushes or script-flushes a server it was not given:
+the machine's own Redis on 6379 is never touched. Every test gets unique
+connection names, so tests never see each other's keys.
 """
 
 from __future__ import annotations
@@ -22,9 +23,6 @@ import redis
 from llmconn import Registry
 from llmconn.testing.fake_server import FakeProviderServer
 from scripted_server import ScriptedServer
-
-DEFAULT_REDIS_URL = 'redis://127.0.0.1:6379/0'
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -71,8 +69,10 @@ def _answers(url: str) -> bool:
 
 @pytest.fixture(scope='session')
 def redis_url():
-    url = os.environ.get('LLMCONN_TEST_REDIS_URL', DEFAULT_REDIS_URL)
-    if _answers(url):
+    url = os.environ.get('LLMCONN_TEST_REDIS_URL')
+    if url:
+        if not _answers(url):
+            pytest.exit(f'LLMCONN_TEST_REDIS_URL={url} does not answer', returncode=2)
         yield url
         return
     server = RedisServer().start()

@@ -182,11 +182,15 @@ def test_warm_begin_and_save_cost_two_round_trips(store, unique, monkeypatch):
     assert [b''.join(c).split(b'\r\n')[2] for c in sent] == [b'EVALSHA', b'EVALSHA']
 
 
-def test_scripts_lost_by_the_server_are_loaded_again(store, unique, redis_client):
-    say(store, unique, 'c', 'm0')
-    redis_client.script_flush()
-    say(store, unique, 'c', 'm1')
-    assert users(store.history(unique, 'c')) == ['m0', 'm1']
+def test_scripts_lost_by_the_server_are_loaded_again(redis_server, unique):
+    store = open_store(redis_server.url)      # a server of this test's own: it is flushed
+    try:
+        say(store, unique, 'c', 'm0')
+        redis.Redis.from_url(redis_server.url).script_flush()
+        say(store, unique, 'c', 'm1')
+        assert users(store.history(unique, 'c')) == ['m0', 'm1']
+    finally:
+        store.close()
 
 
 def test_pack_matches_redis_py():

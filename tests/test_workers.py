@@ -11,14 +11,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-import redis
 import requests
 
 from llmconn.demo import start_server, stop
 from llmconn.testing.fake_server import FakeProviderServer
 
 ROOT = Path(__file__).resolve().parent.parent
-REDIS_URL = 'redis://127.0.0.1:6379/0'
 
 PID_SERVICE = '''
 import os
@@ -41,11 +39,7 @@ def free_port():
 
 
 @pytest.fixture(scope='module')
-def setup(tmp_path_factory):
-    try:
-        redis.Redis.from_url(REDIS_URL).ping()
-    except redis.RedisError:
-        pytest.skip(f'needs a Redis at {REDIS_URL}')
+def setup(tmp_path_factory, redis_url):
     tmp = tmp_path_factory.mktemp('workers')
     services = tmp / 'services'
     services.mkdir()
@@ -54,7 +48,7 @@ def setup(tmp_path_factory):
     with FakeProviderServer() as fake:
         config = tmp / 'llm.yaml'
         config.write_text(f'''
-redis: {{url: "{REDIS_URL}"}}
+redis: {{url: "{redis_url}"}}
 skills_dir: {ROOT / 'etc' / 'skills'}
 llm:
   - name: Support

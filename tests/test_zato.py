@@ -7,7 +7,6 @@ the service talks to the fake provider and keeps its chat in a real Redis.
 import uuid
 
 import pytest
-import redis
 
 import llmconn
 import llmconn.zato
@@ -17,7 +16,6 @@ zato_testing = pytest.importorskip('zato_testing')
 
 from zato.server.service import Service  # noqa: E402  (provided by zato_testing's import hook)
 
-REDIS_URL = 'redis://127.0.0.1:6379/0'
 
 
 class SupportChat(Service):
@@ -41,17 +39,24 @@ class Wrapper(Service):
                                                           'text': self.request.input.text})
 
 
+@pytest.fixture(scope='class')
+def class_redis_url(request, redis_url):
+    request.cls.redis_url = redis_url
+
+
+@pytest.mark.usefixtures('class_redis_url')
 class TestZatoService(zato_testing.ServiceTestCase):
 
+    def setUp(self):
+        super().setUp()
+        if not getattr(type(self), 'registry', None):
+            type(self).open(self.redis_url)
+
     @classmethod
-    def setUpClass(cls):
-        try:
-            redis.Redis.from_url(REDIS_URL).ping()
-        except redis.RedisError:
-            raise pytest.skip.Exception(f'needs a Redis at {REDIS_URL}')
+    def open(cls, redis_url):
         cls.fake = FakeProviderServer().start()
         cls.registry = llmconn.Registry.from_dict({
-            'redis': {'url': REDIS_URL},
+            'redis': {'url': redis_url},
             'llm': [{'name': 'My Claude', 'model': 'claude-sonnet-4-5', 'address': cls.fake.url,
                      'chat_expiry': 60}],
         })
@@ -59,6 +64,8 @@ class TestZatoService(zato_testing.ServiceTestCase):
 
     @classmethod
     def tearDownClass(cls):
+        if not getattr(cls, 'registry', None):
+            return
         llmconn.zato.uninstall()
         cls.registry.close()
         cls.fake.stop()
