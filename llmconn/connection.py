@@ -29,6 +29,7 @@ from llmconn.providers.base import STREAM, SYSTEM
 from llmconn.skills import SkillCache
 from llmconn.transport import Transport
 from llmconn.types import Event, Request, Turn
+from llmconn.usage import NO_LEDGER
 
 MAX_TEXT_CHARS = 1_000_000      # one message; providers' context windows end well before this
 MAX_CHAT_ID_CHARS = 256
@@ -38,7 +39,8 @@ PING_TEXT = 'ping'              # what ping() asks a server that has no model li
 class Connection:
     """A named provider connection with its HTTP pool and access to the chat store."""
 
-    def __init__(self, conf: ConnectionConfig, store, skills: SkillCache, transport: Transport | None = None) -> None:
+    def __init__(self, conf: ConnectionConfig, store, skills: SkillCache, transport: Transport | None = None,
+                 usage=None) -> None:
         self.conf = conf
         self.name = conf.name
         self.provider = PROVIDERS[conf.provider](conf)
@@ -48,6 +50,7 @@ class Connection:
                                                 max_retries=conf.max_retries, secret=conf.secret_value,
                                                 address=conf.address)
         self._headers = self.provider.headers()
+        self.usage = usage or NO_LEDGER      # counts every call, see llmconn.usage
 
     def __repr__(self) -> str:
         return f'<Connection {self.name!r} provider={self.conf.provider} model={self.conf.model}>'
@@ -108,9 +111,11 @@ class Connection:
         _check_text(text)
         _check_chat_id(chat_id, required=False)
         _check_params(params)
-        return self._pipeline(text, chat_id, self._system(skill), params, stream)
+        tally = self.usage.call(self.name, self.conf.model)
+        return tally.track(self._pipeline(text, chat_id, self._system(skill), params, stream, tally))
 
-    def _pipeline(self, text: str, chat_id: str, system: str, params: dict, stream: bool) -> Iterator[Event]:
+    def _pipeline(self, text: str, chat_id: str, system: str, params: dict, stream: bool,
+                  tally) -> Iterator[Event]:
         if not chat_id:
             yield from self._call(Request(text, system, (), params, stream))
             return
@@ -134,7 +139,9 @@ class Connection:
                            tag=self.provider.tag if reply.items else '',
                            response_id=reply.response_id if keep_id else '', chain=chain if keep_id else 0,
                            ts=mod_time.time()),
-                      expiry=conf.chat_expiry, max_turns=conf.max_stored_turns)
+                      expiry=conf.chat_expiry, max_turns=conf.max_stored_turns,
+                      usage=tally.save_entry(self.name, chat_id, done.result))
+            tally.saved()
             yield done
 
     def _chat_request(self, window: list, text: str, system: str, params: dict, stream: bool):

@@ -25,6 +25,7 @@ from llmconn.connection import Connection
 from llmconn.errors import ConfigError, UnknownConnection
 from llmconn.skills import SkillCache
 from llmconn.store import open_store
+from llmconn.usage import UsageLedger
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,11 @@ class Registry:
         return self._state.store
 
     @property
+    def usage(self) -> UsageLedger:
+        """The usage ledger every connection of this registry counts into."""
+        return self._state.usage
+
+    @property
     def skills(self) -> SkillCache:
         return self._state.skills
 
@@ -89,6 +95,7 @@ class Registry:
             new = self._build(mod_config.load_file(self.path), previous=self._state)
             old, self._state = self._state, new
         if old.store is not new.store:
+            old.usage.close()
             old.store.close()
         logger.info('Reloaded %s: %d connection(s)', self.path, len(new.connections))
 
@@ -96,14 +103,16 @@ class Registry:
         state = self._state
         for conn in state.connections.values():
             conn.close()
+        state.usage.close()      # writes the usage counted in this process
         state.store.close()
 
     @staticmethod
     def _build(conf: Config, previous: '_State | None') -> '_State':
         if previous is not None and previous.config.redis == conf.redis:
-            store = previous.store
+            store, usage = previous.store, previous.usage
         else:
             store = open_store(conf.redis.url)
+            usage = UsageLedger(store)
         skills = SkillCache(conf.skills_path)
         connections = {}
         for conn_conf in conf.llm:
@@ -112,16 +121,18 @@ class Registry:
                 old.skills = skills
                 connections[conn_conf.name] = old
             else:
-                connections[conn_conf.name] = Connection(conn_conf, store, skills)
-        return _State(conf, store, skills, connections)
+                connections[conn_conf.name] = Connection(conn_conf, store, skills, usage=usage)
+        return _State(conf, store, skills, connections, usage)
 
 
 class _State:
     """One consistent generation of a registry; replaced whole on reload."""
 
-    __slots__ = ('config', 'store', 'skills', 'connections')
+    __slots__ = ('config', 'store', 'skills', 'connections', 'usage')
 
-    def __init__(self, config: Config, store: Any, skills: SkillCache, connections: dict) -> None:
+    def __init__(self, config: Config, store: Any, skills: SkillCache, connections: dict,
+                 usage: Any = None) -> None:
+        self.usage = usage
         self.config = config
         self.store = store
         self.skills = skills

@@ -115,9 +115,13 @@ class ChatStore:
                 return value
             pttl = value
 
-    def _do_save(self, keys: ChatKeys, token: str, data: bytes, max_turns: int, expiry: float) -> bool:
+    def _do_save(self, keys: ChatKeys, token: str, data: bytes, max_turns: int, expiry: float,
+                 usage: tuple | None = None) -> bool:
         args = (token, data, max_turns, max(1, int(expiry * 1000)))
-        return self._run(self._save, (keys.lock, keys.turns, keys.wake, keys.waiting), args) == 1
+        script_keys = (keys.lock, keys.turns, keys.wake, keys.waiting)
+        if usage is not None:   # the usage ledger's (key, ARGV[5..9]), see llmconn.usage
+            script_keys, args = script_keys + usage[:1], args + usage[1:]
+        return self._run(self._save, script_keys, args) == 1
 
     def _do_release(self, keys: ChatKeys, token: str) -> bool:
         return self._run(self._release, (keys.lock, keys.turns, keys.wake, keys.waiting), (token,)) == 1
@@ -152,6 +156,11 @@ class ChatStore:
             self._client.delete(chat_keys(conn_name, chat_id).turns)
         except RedisError as exc:
             raise self._error(exc) from exc
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client for commands off the hot path (usage ledger, admin commands)."""
+        return self._client
 
     def ping(self) -> None:
         """Raise :class:`StoreError` unless Redis answers."""

@@ -85,10 +85,29 @@ redis.call('SET', KEYS[3], 1, 'PX', {WAITING_FLAG_TTL_MS})
 return {{0, redis.call('PTTL', KEYS[1])}}
 """
 
+# Counts a saved chat call in the usage ledger (see llmconn.usage); part of SAVE,
+# skipped when the caller passes no KEYS[5] (ledger off).
+#   KEYS[5] - the UTC day's ledger hash, in this chat's cluster slot
+#   ARGV[5] - field prefix "<connection>:<model>:<key>:", ARGV[6] - input tokens,
+#   ARGV[7] - output tokens, ARGV[8] - tool calls, ARGV[9] - ledger ttl (s)
+_COUNT_USAGE = """
+if KEYS[5] then
+    if redis.call('HINCRBY', KEYS[5], ARGV[5] .. 'calls', 1) == 1 then
+        redis.call('EXPIRE', KEYS[5], ARGV[9])
+    end
+    redis.call('HINCRBY', KEYS[5], ARGV[5] .. 'input_tokens', ARGV[6])
+    redis.call('HINCRBY', KEYS[5], ARGV[5] .. 'output_tokens', ARGV[7])
+    if ARGV[8] ~= '0' then
+        redis.call('HINCRBY', KEYS[5], ARGV[5] .. 'tool_calls', ARGV[8])
+    end
+end
+"""
+
 # Appends a turn and releases the lock, if the lock is still ours.
 #   KEYS[1] - lock, KEYS[2] - turns, KEYS[3] - wake list, KEYS[4] - waiting flag
 #   ARGV[1] - our token, ARGV[2] - the turn as compact JSON, ARGV[3] - max stored turns,
 #   ARGV[4] - chat expiry (ms)
+#   KEYS[5], ARGV[5..9] - optional: the usage ledger, see _COUNT_USAGE
 # Returns 1 when saved, 0 when the lock was no longer ours (nothing written).
 SAVE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
@@ -99,7 +118,7 @@ if redis.call('RPUSH', KEYS[2], ARGV[2]) > max_turns then
     redis.call('LTRIM', KEYS[2], -max_turns, -1)
 end
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
-""" + _HAND_OVER + """
+""" + _COUNT_USAGE + _HAND_OVER + """
 return 1
 """
 

@@ -1,0 +1,356 @@
+"""The usage ledger: calls, errors, tokens and tool calls per connection, model, key and UTC day.
+
+Where the counts live (hashes in the chat store's Redis, expiring
+``RETENTION_DAYS`` after their day)::
+
+    llmconn:usage:<YYYY-MM-DD>            one hash per day (one Redis, Sentinel, memory://)
+    llmconn:usage:{<tag>}:<YYYY-MM-DD>    Redis Cluster: one hash per day and slot
+
+A hash field is ``<connection>:<model>:<key>:<counter>``, the first three
+base64url-encoded as in :mod:`llmconn.store.keys` (so ``:`` separates them
+safely); ``<key>`` is the gateway key and empty until there is one. Counters:
+``calls``, ``errors``, ``input_tokens``, ``output_tokens``, ``tool_calls`` and
+``error:<status>`` (the provider's HTTP status, ``timeout``, ``no_response``
+or ``cancelled``). A failed call counts in ``calls`` too. No message text is
+ever written here.
+
+How a call is counted, exactly once:
+
+* A chat call whose turn is saved counts inside the save script (no extra
+  round trip). On a cluster a script may touch only its chat's slot, so the
+  ledger hash it writes is the day's hash *of that slot*: ``<tag>`` comes
+  from a table mapping each of the 16384 slots to a short tag hashing to it.
+  Their number stays bounded: at most one per slot and day.
+* Everything else (calls without a chat id, failed calls, a turn whose save
+  failed) is added to an in-process tally. A background thread flushes it
+  every ``FLUSH_INTERVAL`` seconds as batches, one per day, each written by
+  one script that first sets the batch's marker key ``SET NX``: a batch whose
+  reply was lost and is sent again is applied once. A batch that cannot be
+  written (Redis down) is kept and sent again later, with the same id.
+* ``close()`` (called by ``Registry.close()``) stops the thread and flushes
+  what is left. Only counts still unwritable at that moment are lost, and
+  they are logged (numbers only).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time as mod_time
+import weakref
+from collections import defaultdict
+from typing import Any, Callable, Iterable, Iterator
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+from redis.exceptions import RedisError
+
+from llmconn.errors import LLMError, LLMTimeout
+from llmconn.store.keys import KEY_PREFIX, chat_keys, encode
+
+logger = logging.getLogger(__name__)
+
+USAGE_PREFIX = f'{KEY_PREFIX}:usage:'
+RETENTION_DAYS = 400                    # a day's counts are kept for over a year
+FLUSH_INTERVAL = 1.0                    # seconds between flushes of the in-process tally
+BATCH_MARKER_TTL = 86400                # a batch sent again within a day is recognized
+COUNTERS = ('calls', 'errors', 'input_tokens', 'output_tokens', 'tool_calls')
+ERROR_PREFIX = 'error:'
+
+# Adds one batch of counts to a day's hash, once, however often the batch is sent.
+#   KEYS[1] - the day's ledger hash, KEYS[2] - the batch's marker (same slot)
+#   ARGV[1] - ledger ttl (s), ARGV[2] - marker ttl (s), ARGV[3..] - field, increment, field, ...
+# Returns 1 when applied, 0 when this batch had been applied before.
+FLUSH = """
+if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[2]) then
+    return 0
+end
+for i = 3, #ARGV, 2 do
+    redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
+_slot_tags: list[str] = []
+_slot_tags_lock = threading.Lock()
+
+
+def slot_tags() -> list[str]:
+    """For each cluster slot, a short hash tag whose keys land in it (built once, about 0.1 s)."""
+    if not _slot_tags:
+        with _slot_tags_lock:
+            if not _slot_tags:
+                tags: list[Any] = [None] * REDIS_CLUSTER_HASH_SLOTS
+                missing, i = REDIS_CLUSTER_HASH_SLOTS, 0
+                while missing:
+                    tag = format(i, 'x')
+                    slot = key_slot(tag.encode())
+                    if tags[slot] is None:
+                        tags[slot] = tag
+                        missing -= 1
+                    i += 1
+                _slot_tags.extend(tags)
+    return _slot_tags
+
+
+def day_of(ts: float) -> str:
+    """The UTC day of a timestamp, as the ledger's keys spell it."""
+    return mod_time.strftime('%Y-%m-%d', mod_time.gmtime(ts))
+
+
+def ledger_key(day: str, slot: int | None = None) -> str:
+    """The hash of ``day``; on a cluster, the one living in ``slot``."""
+    if slot is None:
+        return USAGE_PREFIX + day
+    return f'{USAGE_PREFIX}{{{slot_tags()[slot]}}}:{day}'
+
+
+def error_status(exc: BaseException) -> str:
+    """How an error is counted: the provider's HTTP status, or what happened instead."""
+    if isinstance(exc, LLMTimeout):
+        return 'timeout'
+    status = getattr(exc, 'status', None)
+    return str(status) if status else 'no_response'
+
+
+def is_cluster(client: Any) -> bool:
+    from redis.cluster import RedisCluster
+    return isinstance(client, RedisCluster)
+
+
+# Ledgers of this process, so a forked child starts without its parent's tally and thread.
+_ledgers: 'weakref.WeakSet[UsageLedger]' = weakref.WeakSet()
+
+
+class UsageLedger:
+    """Counts calls of one registry's connections into its chat store."""
+
+    def __init__(self, store: Any, *, clock: Callable[[], float] = mod_time.time,
+                 flush_interval: float = FLUSH_INTERVAL) -> None:
+        self.store = store
+        self.clock = clock
+        self.flush_interval = flush_interval
+        self._cluster = is_cluster(store.client)
+        self._flush = store.client.register_script(FLUSH)
+        self._prefixes: dict[tuple, str] = {}
+        self._day: tuple[int, str] = (-1, '')
+        self._pending: dict[tuple, dict[str, int]] = {}     # (day, prefix) -> counter -> n
+        self._unsent: list[tuple[str, str, dict]] = []      # (batch id, day, field -> n), oldest first
+        self._lock = threading.Lock()
+        self._flushing = threading.Lock()
+        self._wakeup = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._failing = False
+        _ledgers.add(self)
+
+    # -- the hot path ----------------------------------------------------------------------------
+
+    def call(self, conn_name: str, model: str, key: str = '') -> 'CallTally':
+        """A tally for one call; see :meth:`CallTally.track`."""
+        return CallTally(self, self.prefix(conn_name, model, key))
+
+    def prefix(self, conn_name: str, model: str, key: str = '') -> str:
+        names = (conn_name, model, key)
+        prefix = self._prefixes.get(names)
+        if prefix is None:
+            prefix = self._prefixes[names] = ':'.join(encode(n) for n in names) + ':'
+        return prefix
+
+    def today(self) -> str:
+        now = self.clock()
+        number, day = self._day
+        if int(now // 86400) != number:
+            day = day_of(now)
+            self._day = (int(now // 86400), day)
+        return day
+
+    def save_entry(self, conn_name: str, chat_id: str, prefix: str, result: dict) -> tuple:
+        """What the save script needs to count a chat call: (ledger key, ARGV[5..9])."""
+        slot = key_slot(chat_keys(conn_name, chat_id).turns.encode()) if self._cluster else None
+        usage = result.get('usage') or {}
+        return (ledger_key(self.today(), slot), prefix, int(usage.get('input_tokens') or 0),
+                int(usage.get('output_tokens') or 0), len(result.get('tool_calls') or ()),
+                RETENTION_DAYS * 86400)
+
+    def add(self, prefix: str, counts: dict[str, int]) -> None:
+        """Add ``counts`` to today's tally; written by the flusher, off the caller's path."""
+        item = (self.today(), prefix)
+        with self._lock:
+            tally = self._pending.get(item)
+            if tally is None:
+                tally = self._pending[item] = defaultdict(int)
+            for name, n in counts.items():
+                tally[name] += n
+        if self._thread is None and not self._closed:
+            self._start()
+
+    # -- flushing --------------------------------------------------------------------------------
+
+    def flush(self) -> bool:
+        """Write every batch not yet written; True when nothing is left unwritten."""
+        with self._flushing:
+            self._cut_batches()
+            while self._unsent:
+                batch_id, day, fields = self._unsent[0]
+                try:
+                    self._write(batch_id, day, fields)
+                except RedisError as exc:
+                    if not self._failing:
+                        logger.warning('Could not write usage counts, keeping them to retry: %s',
+                                       self.store._error(exc))
+                    self._failing = True
+                    return False
+                self._unsent.pop(0)
+            if self._failing:
+                logger.warning('Usage counts written again after an outage')
+            self._failing = False
+            return True
+
+    def close(self) -> None:
+        """Stop the flusher and write what is left (called by ``Registry.close()``)."""
+        self._closed = True
+        self._wakeup.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        if not self.flush():
+            logger.error('Usage counts of %d call(s) could not be written before closing and are lost; '
+                         'is Redis (%s) down?', self.pending(), self.store.url_for_display)
+
+    def pending(self) -> int:
+        """Calls counted in this process and not yet written (for tests and the admin page)."""
+        with self._lock:
+            pending = sum(t.get('calls', 0) for t in self._pending.values())
+        return pending + sum(v for _, _, fields in self._unsent for f, v in fields.items()
+                             if f.endswith(':calls'))
+
+    def _cut_batches(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        by_day: dict[str, dict[str, int]] = defaultdict(dict)
+        for (day, prefix), tally in pending.items():
+            for name, n in tally.items():
+                if n:
+                    by_day[day][prefix + name] = n
+        for day, fields in sorted(by_day.items()):
+            self._unsent.append((os.urandom(12).hex(), day, fields))
+
+    def _write(self, batch_id: str, day: str, fields: dict[str, int]) -> None:
+        slot = key_slot(batch_id.encode()) if self._cluster else None
+        key = ledger_key(day, slot)
+        marker = f'{key}:batch:{batch_id}'
+        args: list = [RETENTION_DAYS * 86400, BATCH_MARKER_TTL]
+        for field, n in fields.items():
+            args += (field, n)
+        self._flush(keys=(key, marker), args=args)
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name='llmconn-usage-flusher', daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._wakeup.wait(self.flush_interval)
+            if self._closed:
+                return
+            try:
+                self.flush()
+            except Exception:     # the flusher must outlive any one failure
+                logger.exception('Usage flush failed; will retry')
+
+    def _after_fork(self) -> None:
+        # The parent's counts are the parent's to write; this child starts empty.
+        self._pending, self._unsent = {}, []
+        self._lock, self._flushing = threading.Lock(), threading.Lock()
+        self._wakeup = threading.Event()
+        self._thread = None
+
+
+class CallTally:
+    """The count of one call: in the save script when its turn is saved, else in process."""
+
+    __slots__ = ('ledger', 'prefix', 'result', 'in_script', 'status')
+
+    def __init__(self, ledger: UsageLedger, prefix: str) -> None:
+        self.ledger = ledger
+        self.prefix = prefix
+        self.result: dict | None = None     # the provider's answer, once there is one
+        self.in_script = False              # the save script counted it
+        self.status = ''                    # why it failed, when it did
+
+    def save_entry(self, conn_name: str, chat_id: str, result: dict) -> tuple:
+        """Hand this to the save; call :meth:`saved` once the save succeeded."""
+        self.result = result
+        return self.ledger.save_entry(conn_name, chat_id, self.prefix, result)
+
+    def saved(self) -> None:
+        self.in_script = True
+
+    def track(self, events: Iterable) -> Iterator:
+        """Pass the call's events through, and count the call once it ends, however it ends."""
+        try:
+            for event in events:
+                if event.type == 'done' and self.result is None:
+                    self.result = event.result
+                yield event
+        except LLMError as exc:
+            self.status = error_status(exc)
+            raise
+        except GeneratorExit:
+            self.status = 'cancelled'
+            raise
+        finally:
+            self._settle()
+
+    def _settle(self) -> None:
+        if self.in_script:
+            return
+        if self.result is not None:
+            usage = self.result.get('usage') or {}
+            self.ledger.add(self.prefix, {'calls': 1, 'input_tokens': int(usage.get('input_tokens') or 0),
+                                          'output_tokens': int(usage.get('output_tokens') or 0),
+                                          'tool_calls': len(self.result.get('tool_calls') or ())})
+        elif self.status:
+            self.ledger.add(self.prefix, {'calls': 1, 'errors': 1, ERROR_PREFIX + self.status: 1})
+
+
+class _NoTally:
+    """What a connection without a ledger counts with: nothing."""
+
+    __slots__ = ()
+
+    def track(self, events: Iterable) -> Iterable:
+        return events
+
+    def save_entry(self, conn_name: str, chat_id: str, result: dict) -> None:
+        return None
+
+    def saved(self) -> None:
+        pass
+
+
+class _NoLedger:
+    """A ledger that counts nothing (a connection built on its own, or the ledger switched off)."""
+
+    _tally = _NoTally()
+
+    def call(self, conn_name: str, model: str, key: str = '') -> _NoTally:
+        return self._tally
+
+    def close(self) -> None:
+        pass
+
+
+NO_LEDGER = _NoLedger()
+
+
+def _forget_parent_state() -> None:
+    for ledger in list(_ledgers):
+        ledger._after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_parent_state)
