@@ -12,6 +12,8 @@ import json
 import logging
 import sys
 
+from llmconn import __version__
+from llmconn.cli_admin import add_admin_commands, check_connect
 from llmconn.errors import LLMConnError
 from llmconn.redact import mask_url
 
@@ -35,23 +37,24 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog='llmconn', description='LLM connections for Zato-style services')
     parser.add_argument('-v', '--verbose', action='store_true', help='log at INFO level')
+    parser.add_argument('--version', action='version', version=f'llmconn {__version__}')
     sub = parser.add_subparsers(dest='command', required=True)
 
     check = sub.add_parser('check', help='validate a configuration file and list its connections')
-    check.add_argument('config', nargs='?', default=DEFAULT_CONFIG)
+    check.add_argument('config', nargs='?', default=None)
+    check.add_argument('--config', dest='config_flag', default=None, help=f'the file (default {DEFAULT_CONFIG})')
+    check.add_argument('--connect', action='store_true', help='also reach the store and ping each provider')
     check.set_defaults(func=cmd_check)
 
-    for name, func, helptext in (('invoke', cmd_invoke, 'one-shot call to a connection'),
-                                 ('chat', cmd_chat, 'one chat call, continuing --chat-id')):
+    for name, func, helptext in (('invoke', cmd_invoke, 'one-shot call to a connection'),):
         p = sub.add_parser(name, help=helptext)
         p.add_argument('name', help='connection name')
         p.add_argument('text', help='the user message')
         p.add_argument('--config', default=DEFAULT_CONFIG)
         p.add_argument('--skill', default='')
         p.add_argument('--json', action='store_true', help='print the whole result as JSON')
-        if name == 'chat':
-            p.add_argument('--chat-id', required=True)
         p.set_defaults(func=func)
+    add_admin_commands(sub)     # usage, history, forget, chats, chat: llmconn/cli_admin.py
 
     ping = sub.add_parser('ping', help='check that a connection\'s provider answers')
     ping.add_argument('name')
@@ -75,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def cmd_check(args) -> int:
     from llmconn import config as mod_config
+    args.config = args.config_flag or args.config or DEFAULT_CONFIG
     conf = mod_config.load_file(args.config)
     print(f'{args.config}: OK, {len(conf.llm)} connection(s), store {mask_url(conf.redis.url)}, '
           f'skills in {conf.skills_path}')
@@ -83,15 +87,13 @@ def cmd_check(args) -> int:
         secret = 'secret set' if conn.secret_value else 'no secret'
         print(f'  {conn.name}: provider={conn.provider} model={conn.model} address={conn.address} '
               f'[{secret}]{state}')
+    if args.connect:
+        return check_connect(args.config)
     return 0
 
 
 def cmd_invoke(args) -> int:
     return _call(args, lambda conn: conn.invoke(args.text, skill=args.skill))
-
-
-def cmd_chat(args) -> int:
-    return _call(args, lambda conn: conn.chat(args.text, chat_id=args.chat_id, skill=args.skill))
 
 
 def _call(args, call) -> int:
