@@ -18,6 +18,7 @@ import time as mod_time
 from http import HTTPStatus
 from typing import Any, Iterable, Iterator
 
+from llmconn import admin_page
 from llmconn.errors import ChatBusy, InvalidInput, LLMConnError, LLMError, StoreError
 from llmconn.service import ServiceError, UnknownService, new_cid, run
 
@@ -69,6 +70,8 @@ class App:
         self.active -= 1
 
     def _dispatch(self, environ: dict, method: str, path: str, cid: str) -> tuple:
+        if path.rstrip('/') == '/admin':    # checks the key itself, also as a browser's Basic login
+            return admin_page.handle(self, environ, method)
         self._check_api_key(environ)
         name = path.strip('/')
         if name in ('health', 'services'):
