@@ -52,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 USAGE_PREFIX = f'{KEY_PREFIX}:usage:'
 RETENTION_DAYS = 400                    # a day's counts are kept for over a year
+RETENTION_TTL = RETENTION_DAYS * 86400           # the save script has it too: scripts.USAGE_TTL_S
 FLUSH_INTERVAL = 1.0                    # seconds between flushes of the in-process tally
 BATCH_MARKER_TTL = 86400                # a batch sent again within a day is recognized
 COUNTERS = ('calls', 'errors', 'input_tokens', 'output_tokens', 'tool_calls')
@@ -72,6 +73,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 return 1
 """
 
+_NO_USAGE: dict = {}
 _slot_tags: list[str] = []
 _slot_tags_lock = threading.Lock()
 
@@ -134,7 +136,7 @@ class UsageLedger:
         self._cluster = is_cluster(store.client)
         self._flush = store.client.register_script(FLUSH)
         self._prefixes: dict[tuple, str] = {}
-        self._day: tuple[int, str] = (-1, '')
+        self._day: tuple = (0.0, 0.0, '', '')            # start, end, 'YYYY-MM-DD', its ledger key
         self._pending: dict[tuple, dict[str, int]] = {}     # (day, prefix) -> counter -> n
         self._unsent: list[tuple[str, str, dict]] = []      # (batch id, day, field -> n), oldest first
         self._lock = threading.Lock()
@@ -159,20 +161,27 @@ class UsageLedger:
         return prefix
 
     def today(self) -> str:
+        """Today's UTC day; recomputed only when the clock leaves the day last seen."""
         now = self.clock()
-        number, day = self._day
-        if int(now // 86400) != number:
+        start, end, day, _ = self._day
+        if not start <= now < end:
             day = day_of(now)
-            self._day = (int(now // 86400), day)
+            start = now // 86400 * 86400
+            self._day = (start, start + 86400, day, ledger_key(day))
         return day
 
     def save_entry(self, conn_name: str, chat_id: str, prefix: str, result: dict) -> tuple:
-        """What the save script needs to count a chat call: (ledger key, ARGV[5..9])."""
-        slot = key_slot(chat_keys(conn_name, chat_id).turns.encode()) if self._cluster else None
-        usage = result.get('usage') or {}
-        return (ledger_key(self.today(), slot), prefix, int(usage.get('input_tokens') or 0),
-                int(usage.get('output_tokens') or 0), len(result.get('tool_calls') or ()),
-                RETENTION_DAYS * 86400)
+        """What the save script needs to count a chat call: (ledger key, ARGV[5..8]); on the hot path."""
+        day = self.today()
+        if self._cluster:
+            key = ledger_key(day, key_slot(chat_keys(conn_name, chat_id).turns.encode()))
+        else:
+            key = self._day[3]
+        usage = result.get('usage') or _NO_USAGE
+        tools = result.get('tool_calls')
+        if tools:
+            return key, prefix, usage.get('input_tokens') or 0, usage.get('output_tokens') or 0, len(tools)
+        return key, prefix, usage.get('input_tokens') or 0, usage.get('output_tokens') or 0
 
     def add(self, prefix: str, counts: dict[str, int]) -> None:
         """Add ``counts`` to today's tally; written by the flusher, off the caller's path."""
@@ -241,7 +250,7 @@ class UsageLedger:
         slot = key_slot(batch_id.encode()) if self._cluster else None
         key = ledger_key(day, slot)
         marker = f'{key}:batch:{batch_id}'
-        args: list = [RETENTION_DAYS * 86400, BATCH_MARKER_TTL]
+        args: list = [RETENTION_TTL, BATCH_MARKER_TTL]
         for field, n in fields.items():
             args += (field, n)
         self._flush(keys=(key, marker), args=args)

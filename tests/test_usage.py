@@ -197,3 +197,18 @@ def test_a_forked_child_does_not_write_its_parents_counts_again(redis_url, provi
     os.waitpid(pid, 0)
     ledger_registry.close()
     assert _totals(ledger_registry.store, unique)['calls'] == 1
+
+
+def test_tool_calls_are_counted_in_the_save_script_and_in_process(open_registry, redis_url, provider, unique):
+    from llmconn.types import Turn
+    registry = open_registry(_config(redis_url, provider, unique))
+    ledger, store = registry.usage, registry.store
+    result = {'usage': {'input_tokens': 5, 'output_tokens': 6}, 'tool_calls': [{'call_id': 'a'}, {'call_id': 'b'}]}
+    lock = store.begin(unique, 'c1', window=5, lock_ttl=5, lock_wait=1)
+    lock.save(Turn(user='u', assistant='a'), expiry=60, max_turns=10,
+              usage=ledger.save_entry(unique, 'c1', ledger.prefix(unique, 'm'), result))
+    tally = ledger.call(unique, 'm')
+    list(tally.track(iter([type('Done', (), {'type': 'done', 'result': result})()])))
+    assert ledger.flush()
+    [row] = read_usage(store, connection=unique)
+    assert (row['calls'], row['tool_calls'], row['input_tokens'], row['output_tokens']) == (2, 4, 10, 12)

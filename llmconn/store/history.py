@@ -119,7 +119,7 @@ class ChatStore:
                  usage: tuple | None = None) -> bool:
         args = (token, data, max_turns, max(1, int(expiry * 1000)))
         script_keys = (keys.lock, keys.turns, keys.wake, keys.waiting)
-        if usage is not None:   # the usage ledger's (key, ARGV[5..9]), see llmconn.usage
+        if usage is not None:   # the usage ledger's (key, ARGV[5..8]), see llmconn.usage
             script_keys, args = script_keys + usage[:1], args + usage[1:]
         return self._run(self._save, script_keys, args) == 1
 

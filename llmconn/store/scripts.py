@@ -89,15 +89,17 @@ return {{0, redis.call('PTTL', KEYS[1])}}
 # skipped when the caller passes no KEYS[5] (ledger off).
 #   KEYS[5] - the UTC day's ledger hash, in this chat's cluster slot
 #   ARGV[5] - field prefix "<connection>:<model>:<key>:", ARGV[6] - input tokens,
-#   ARGV[7] - output tokens, ARGV[8] - tool calls, ARGV[9] - ledger ttl (s)
-_COUNT_USAGE = """
+#   ARGV[7] - output tokens, ARGV[8] - tool calls (only when there were any)
+# A hash gets its expiry (USAGE_TTL_S, llmconn.usage.RETENTION_TTL) with its first field.
+USAGE_TTL_S = 400 * 86400
+_COUNT_USAGE = f"""
 if KEYS[5] then
     if redis.call('HINCRBY', KEYS[5], ARGV[5] .. 'calls', 1) == 1 then
-        redis.call('EXPIRE', KEYS[5], ARGV[9])
+        redis.call('EXPIRE', KEYS[5], {USAGE_TTL_S})
     end
     redis.call('HINCRBY', KEYS[5], ARGV[5] .. 'input_tokens', ARGV[6])
     redis.call('HINCRBY', KEYS[5], ARGV[5] .. 'output_tokens', ARGV[7])
-    if ARGV[8] ~= '0' then
+    if ARGV[8] then
         redis.call('HINCRBY', KEYS[5], ARGV[5] .. 'tool_calls', ARGV[8])
     end
 end
@@ -107,7 +109,7 @@ end
 #   KEYS[1] - lock, KEYS[2] - turns, KEYS[3] - wake list, KEYS[4] - waiting flag
 #   ARGV[1] - our token, ARGV[2] - the turn as compact JSON, ARGV[3] - max stored turns,
 #   ARGV[4] - chat expiry (ms)
-#   KEYS[5], ARGV[5..9] - optional: the usage ledger, see _COUNT_USAGE
+#   KEYS[5], ARGV[5..8] - optional: the usage ledger, see _COUNT_USAGE
 # Returns 1 when saved, 0 when the lock was no longer ours (nothing written).
 SAVE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
