@@ -26,6 +26,7 @@ from llmconn.errors import LLMConnError
 from llmconn.usage_report import by_connection_and_day, errors_by_status, read_usage
 
 DAYS_SHOWN = 14
+MAX_QUERY_FIELDS = 10
 CHART_WIDTH, CHART_HEIGHT, CHART_MARGIN = 760, 240, 40
 COLORS = ('#4e79a7', '#f28e2b', '#59a14f', '#e15759', '#76b7b2', '#edc948', '#b07aa1', '#ff9da7')
 SECURITY_HEADERS = [
@@ -40,7 +41,11 @@ def handle(app: Any, environ: dict, method: str) -> tuple:
     if method != 'GET':
         raise HTTPFailure(405, 'use GET for /admin', [('Allow', 'GET')])
     _authorize(app, environ)
-    query = parse_qs(environ.get('QUERY_STRING', ''), max_num_fields=10)
+    try:
+        query = parse_qs(environ.get('QUERY_STRING', ''), max_num_fields=MAX_QUERY_FIELDS)
+    except ValueError:
+        raise HTTPFailure(400, f'the query has more than {MAX_QUERY_FIELDS} fields; /admin takes connection '
+                               f'and chat_id') from None
     page = render(app.host.registry, (query.get('connection') or [''])[0], (query.get('chat_id') or [''])[0])
     body = page.encode('utf-8')
     return 200, [('Content-Type', 'text/html; charset=utf-8'), ('Content-Length', str(len(body)))] + \

@@ -105,6 +105,18 @@ def test_chat_text_ids_and_names_are_escaped_everywhere(app_for, unique):
     assert SECRET not in body
 
 
+def test_bad_queries_get_a_message_not_a_crash(app_for, unique):
+    app, _ = app_for()
+    key = {'HTTP_X_API_KEY': API_KEY}
+    assert _get(app, query='a=1&' * 50, headers=key)[0] == 400
+    status, _, body = _get(app, query=f'connection={unique}&chat_id=' + 'x' * 300, headers=key)
+    assert status == 200 and '1 to 256 characters' in body
+    status, _, body = _get(app, query='connection=nope&chat_id=c1', headers=key)
+    assert status == 200 and 'no LLM connection named' in body
+    assert _get(app, headers={'HTTP_AUTHORIZATION': 'Basic ###'})[0] == 401
+    assert _get(app, headers={'HTTP_AUTHORIZATION': 'Basic ' + 'é'})[0] == 401
+
+
 def test_a_store_that_is_down_shows_its_error_in_the_page(tmp_path, provider, unique):
     from conftest import free_port
     registry = Registry.from_file(_config(tmp_path, f'redis://127.0.0.1:{free_port()}/0', provider, unique))

@@ -212,3 +212,32 @@ def test_tool_calls_are_counted_in_the_save_script_and_in_process(open_registry,
     assert ledger.flush()
     [row] = read_usage(store, connection=unique)
     assert (row['calls'], row['tool_calls'], row['input_tokens'], row['output_tokens']) == (2, 4, 10, 12)
+
+
+def test_a_served_invoke_is_written_when_the_server_stops_gracefully(tmp_path, redis_url, provider, unique):
+    """Invokes counted in `llmconn serve` workers reach the ledger on SIGTERM, however soon it comes."""
+    import shutil as mod_shutil
+
+    import requests
+
+    from conftest import free_port
+    from llmconn.demo import start_server, stop
+    config = tmp_path / 'llm.yaml'
+    config.write_text(f'redis:\n  url: {redis_url}\nllm:\n  - name: Support\n    model: claude-sonnet-4-5\n'
+                      f'    address: {provider.url}\n    secret: {SECRET}\n')
+    services = tmp_path / 'services'
+    services.mkdir()
+    mod_shutil.copy(HERE.parent / 'services' / 'demo_llm.py', services)
+    store = Registry.from_file(config).store
+    before = _totals(store, 'Support')
+    port = free_port()
+    server = start_server(config, services, port, extra=['--workers', '2'])
+    try:
+        replies = [requests.post(f'http://127.0.0.1:{port}/demo.llm.ask', json={'text': f'q {i}'}, timeout=10).json()
+                   for i in range(12)]
+    finally:
+        stop(server)
+    assert server.returncode == 0
+    after = _totals(store, 'Support')
+    assert after['calls'] - before['calls'] == 12
+    assert after['input_tokens'] - before['input_tokens'] == sum(r['usage']['input_tokens'] for r in replies)
