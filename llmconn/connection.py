@@ -46,7 +46,7 @@ class Connection:
         self.skills = skills
         self.transport = transport or Transport(conf.name, pool_size=conf.pool_size, timeout=conf.timeout,
                                                 max_retries=conf.max_retries, secret=conf.secret_value,
-                                                address=conf.address)
+                                                address=conf.address, stream_timeout=conf.stream_timeout)
         self._headers = self.provider.headers()
 
     def __repr__(self) -> str:
