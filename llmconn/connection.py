@@ -17,21 +17,22 @@ that stops iterating early saves nothing and frees the lock at once.
 
 from __future__ import annotations
 
-import json
 import time as mod_time
 from dataclasses import replace
 from typing import Any, Iterator
 
+from llmconn.checks import MAX_CHAT_ID_CHARS, MAX_TEXT_CHARS, check_params, check_skill  # noqa: F401
+from llmconn.checks import check_chat_id as _check_chat_id
+from llmconn.checks import check_text as _check_text
 from llmconn.config import ConnectionConfig
 from llmconn.errors import InactiveConnection, InvalidInput, LLMError
 from llmconn.providers import PROVIDERS
 from llmconn.providers.base import STREAM, SYSTEM
 from llmconn.skills import SkillCache
+from llmconn.text import clean
 from llmconn.transport import Transport
 from llmconn.types import Event, Request, Turn
 
-MAX_TEXT_CHARS = 1_000_000      # one message; providers' context windows end well before this
-MAX_CHAT_ID_CHARS = 256
 PING_TEXT = 'ping'              # what ping() asks a server that has no model list
 
 
@@ -89,8 +90,9 @@ class Connection:
         _check_chat_id(chat_id, required=True)
         messages = []
         for turn in self.store.history(self.name, chat_id):
-            messages.append({'role': 'user', 'content': turn.user})
-            messages.append({'role': 'assistant', 'content': turn.assistant})
+            # clean(): a turn stored before text was cleaned may hold a lone surrogate.
+            messages.append({'role': 'user', 'content': clean(turn.user)})
+            messages.append({'role': 'assistant', 'content': clean(turn.assistant)})
         return messages
 
     def delete_history(self, chat_id: str) -> None:
@@ -107,7 +109,7 @@ class Connection:
         self._check_active()
         _check_text(text)
         _check_chat_id(chat_id, required=False)
-        _check_params(params)
+        check_params(params, self.provider.reserved_params)
         return self._pipeline(text, chat_id, self._system(skill), params, stream)
 
     def _pipeline(self, text: str, chat_id: str, system: str, params: dict, stream: bool) -> Iterator[Event]:
@@ -186,8 +188,7 @@ class Connection:
     def _system(self, skill: str) -> str:
         if not skill:
             return ''
-        if not isinstance(skill, str):
-            raise InvalidInput(f'skill must be a str naming a skill, got {type(skill).__name__}')
+        check_skill(skill)
         if SYSTEM not in self.provider.capabilities:
             raise InvalidInput(f'{self.name}: provider {self.conf.provider} does not support the capability '
                                f'"{SYSTEM}" that skills need')
@@ -217,31 +218,3 @@ def _forgot_previous(error: LLMError) -> bool:
         if detail.get('param') == 'previous_response_id' and 'not found' in str(detail.get('message', '')).lower():
             return True
     return False
-
-
-def _check_text(text: Any) -> None:
-    if not isinstance(text, str):
-        raise InvalidInput(f'text must be a str, got {type(text).__name__}')
-    if not text.strip():
-        raise InvalidInput('text is empty; send the user\'s message as a non-empty str')
-    if len(text) > MAX_TEXT_CHARS:
-        raise InvalidInput(f'text has {len(text)} characters, more than the limit of {MAX_TEXT_CHARS}; '
-                           f'split or shorten it')
-
-
-def _check_chat_id(chat_id: Any, required: bool) -> None:
-    if not isinstance(chat_id, str):
-        raise InvalidInput(f'chat_id must be a str, got {type(chat_id).__name__}; '
-                           f'convert ids with str() first')
-    if len(chat_id) > MAX_CHAT_ID_CHARS or (required and not chat_id):
-        raise InvalidInput(f'chat_id must have 1 to {MAX_CHAT_ID_CHARS} characters, got {len(chat_id)}')
-
-
-def _check_params(params: dict) -> None:
-    if not params:
-        return
-    try:
-        json.dumps(params)
-    except (TypeError, ValueError) as e:
-        raise InvalidInput(f'call parameters must be JSON values ({e}); pass plain str, numbers, lists, dicts') \
-            from None

@@ -44,6 +44,7 @@ from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
 from llmconn.providers.base import JSON_BODY, SSE
 from llmconn.redact import scrub
 from llmconn.sse import decode_json, iter_sse, sniff
+from llmconn.text import clean_value
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ class Transport:
 
     def _send(self, method: str, url: str, headers: dict, body: dict | None, stream: bool,
               deadline: Deadline):
-        data = None if body is None else json.dumps(body, ensure_ascii=False).encode('utf-8')
+        data = None if body is None else _encode(body)
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             try:
@@ -322,6 +323,20 @@ def parse_retry_after(headers) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - mod_time.time())
+
+
+def _encode(body: dict) -> bytes:
+    """The JSON bytes of a request body; text that is not valid Unicode goes as U+FFFD.
+
+    Input is checked before it gets here, but a chat stored by an older version
+    may hold a lone surrogate in its history: one bad turn must not make the chat
+    unusable, so it is cleaned here, on the way out, rather than refused.
+    """
+    text = json.dumps(body, ensure_ascii=False)
+    try:
+        return text.encode('utf-8')
+    except UnicodeEncodeError:
+        return json.dumps(clean_value(body), ensure_ascii=False).encode('utf-8')
 
 
 def _text(raw: bytes) -> str:
