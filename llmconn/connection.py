@@ -17,6 +17,7 @@ that stops iterating early saves nothing and frees the lock at once.
 
 from __future__ import annotations
 
+import json
 import time as mod_time
 from dataclasses import replace
 from typing import Any, Iterator
@@ -157,7 +158,7 @@ class Connection:
             try:
                 first = next(events)
             except LLMError as e:
-                if not _forgot_previous(e):
+                if not _forgot_previous(e, request.previous_response_id):
                     raise
                 # The local window is the truth; the provider's copy of the chain is gone, and with it
                 # the stored items our turns' reasoning refers to, so those turns go back as plain text.
@@ -203,11 +204,33 @@ class Connection:
         return result
 
 
-def _forgot_previous(error: LLMError) -> bool:
-    """The provider no longer knows the response we continue from (expired, deleted, restarted)."""
+def _forgot_previous(error: LLMError, previous_id: str = '') -> bool:
+    """The provider no longer knows the response we continue from (expired, deleted, restarted).
+
+    OpenAI says so with ``code: previous_response_not_found``; gateways rewrap
+    it (LiteLLM: HTTP 400, ``"code": "400"``, ``"param": null``, the original
+    message, sometimes the original JSON quoted inside it; LM Studio: "history
+    node with id ... not found"). So the whole error is read as text: the code
+    anywhere in it, or "not found" together with "previous response" or the id
+    we sent. Getting it wrong the other way costs more: a chat that resends a
+    dead id fails for good, while a needless re-seed only resends local history.
+    """
     body = error.provider_body
-    if not isinstance(body, dict):
+    text = ' '.join((str(error), body if isinstance(body, str) else _json_text(body)))
+    lower = text.lower()
+    if 'previous_response_not_found' in lower:
+        return True
+    if 'not found' not in lower:
         return False
+    return ('previous response' in lower or 'previous_response_id' in lower
+            or bool(previous_id) and previous_id in text)
+
+
+def _json_text(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
     # An HTTP error nests it under "error"; a stream's error event carries it at the top.
     for detail in (body.get('error'), body):
         if not isinstance(detail, dict):
