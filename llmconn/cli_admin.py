@@ -126,7 +126,7 @@ def cmd_chats(args) -> int:
 
 def list_chats(store: Any, conn_name: str, match: str = '*') -> list[str]:
     """The ids of every chat of ``conn_name`` with stored turns, sorted; SCAN, every master of a cluster."""
-    from redis.exceptions import RedisError
+    from redis.exceptions import RedisClusterException, RedisError
     from llmconn.usage_report import decode
 
     head = f'{KEY_PREFIX}:{{{encode(conn_name)}:'
@@ -138,7 +138,7 @@ def list_chats(store: Any, conn_name: str, match: str = '*') -> list[str]:
             chat_id = decode(encoded)
             if fnmatch.fnmatchcase(chat_id, match):
                 ids.append(chat_id)
-    except RedisError as exc:
+    except (RedisError, RedisClusterException) as exc:
         raise store._error(exc) from exc
     return sorted(ids)
 

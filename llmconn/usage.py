@@ -43,7 +43,7 @@ from collections import defaultdict
 from typing import Any, Callable, Iterable, Iterator
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from llmconn.errors import LLMError, LLMTimeout
 from llmconn.store.keys import KEY_PREFIX, chat_keys, encode
@@ -192,30 +192,43 @@ class UsageLedger:
                 tally = self._pending[item] = defaultdict(int)
             for name, n in counts.items():
                 tally[name] += n
-        if self._thread is None and not self._closed:
-            self._start()
+        if self._thread is None:
+            if not self._closed:
+                self._start()
+            else:       # a call that was still running when its registry closed (or reloaded its store)
+                self.flush()
 
     # -- flushing --------------------------------------------------------------------------------
 
     def flush(self) -> bool:
-        """Write every batch not yet written; True when nothing is left unwritten."""
+        """Write what was left unwritten, then what was counted since; True when nothing is left.
+
+        New counts are cut into batches only once the older batches are written,
+        so an outage keeps at most one batch per day besides the running tally.
+        """
         with self._flushing:
-            self._cut_batches()
-            while self._unsent:
-                batch_id, day, fields = self._unsent[0]
-                try:
-                    self._write(batch_id, day, fields)
-                except RedisError as exc:
-                    if not self._failing:
-                        logger.warning('Could not write usage counts, keeping them to retry: %s',
-                                       self.store._error(exc))
-                    self._failing = True
+            for _ in range(2):
+                if not self._unsent:
+                    self._cut_batches()
+                if not self._write_unsent():
                     return False
-                self._unsent.pop(0)
             if self._failing:
                 logger.warning('Usage counts written again after an outage')
             self._failing = False
             return True
+
+    def _write_unsent(self) -> bool:
+        while self._unsent:
+            batch_id, day, fields = self._unsent[0]
+            try:
+                self._write(batch_id, day, fields)
+            except (RedisError, RedisClusterException) as exc:
+                if not self._failing:
+                    logger.warning('Could not write usage counts, keeping them to retry: %s', self.store._error(exc))
+                self._failing = True
+                return False
+            self._unsent.pop(0)
+        return True
 
     def close(self) -> None:
         """Stop the flusher and write what is left (called by ``Registry.close()``)."""
@@ -313,7 +326,12 @@ class CallTally:
             self.status = 'cancelled'
             raise
         finally:
-            self._settle()
+            try:
+                close = getattr(events, 'close', None)
+                if close is not None:
+                    close()         # a call stopped early frees its chat now, not when collected
+            finally:
+                self._settle()
 
     def _settle(self) -> None:
         if self.in_script:

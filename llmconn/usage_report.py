@@ -12,7 +12,7 @@ from base64 import urlsafe_b64decode
 from collections import defaultdict
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from llmconn.errors import InvalidInput
 from llmconn.usage import COUNTERS, ERROR_PREFIX, USAGE_PREFIX
@@ -52,7 +52,7 @@ def read_usage(store: Any, *, since: str = '', connection: str = '') -> list[dic
             if ':batch:' in key or len(day) != 10 or (since and day < since):
                 continue
             _add_hash(totals, day, client.hgetall(key), connection)
-    except RedisError as exc:
+    except (RedisError, RedisClusterException) as exc:
         raise store._error(exc) from exc
     return [totals[k] for k in sorted(totals)]
 

@@ -241,3 +241,24 @@ def test_a_served_invoke_is_written_when_the_server_stops_gracefully(tmp_path, r
     after = _totals(store, 'Support')
     assert after['calls'] - before['calls'] == 12
     assert after['input_tokens'] - before['input_tokens'] == sum(r['usage']['input_tokens'] for r in replies)
+
+
+def test_a_long_outage_keeps_one_batch_per_day_not_one_per_flush(open_registry, redis_server, provider, unique):
+    registry = open_registry(_config(redis_server.url, provider, unique))
+    redis_server.stop()
+    for i in range(5):
+        registry[unique].invoke(f'during {i}')
+        assert registry.usage.flush() is False
+    assert len(registry.usage._unsent) == 1 and registry.usage.pending() == 5
+    redis_server.start()
+    assert registry.usage.flush() and registry.usage.pending() == 0
+    assert _totals(registry.store, unique)['calls'] == 5
+
+
+def test_a_call_finishing_after_its_registry_closed_is_still_written(redis_url, provider, unique):
+    registry = Registry.from_dict(_config(redis_url, provider, unique))
+    events = registry[unique].stream('slow one')
+    next(events)
+    registry.close()
+    list(events)
+    assert _totals(registry.store, unique)['calls'] == 1
