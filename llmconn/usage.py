@@ -1,26 +1,12 @@
 """The usage ledger: calls, errors, tokens and tool calls per connection, model, key and UTC day.
 
-Where the counts live (hashes in the chat store's Redis, expiring
-``RETENTION_DAYS`` after their day)::
-
-    llmconn:usage:<YYYY-MM-DD>            one hash per day (one Redis, Sentinel, memory://)
-    llmconn:usage:{<tag>}:<YYYY-MM-DD>    Redis Cluster: one hash per day and slot
-
-A hash field is ``<connection>:<model>:<key>:<counter>``, the first three
-base64url-encoded as in :mod:`llmconn.store.keys` (so ``:`` separates them
-safely); ``<key>`` is the gateway key and empty until there is one. Counters:
-``calls``, ``errors``, ``input_tokens``, ``output_tokens``, ``tool_calls`` and
-``error:<status>`` (the provider's HTTP status, ``timeout``, ``no_response``
-or ``cancelled``). A failed call counts in ``calls`` too. No message text is
-ever written here.
+Where the counts live is :mod:`llmconn.usage_keys`. A failed call counts in
+``calls`` too. No message text is ever written.
 
 How a call is counted, exactly once:
 
 * A chat call whose turn is saved counts inside the save script (no extra
-  round trip). On a cluster a script may touch only its chat's slot, so the
-  ledger hash it writes is the day's hash *of that slot*: ``<tag>`` comes
-  from a table mapping each of the 16384 slots to a short tag hashing to it.
-  Their number stays bounded: at most one per slot and day.
+  round trip), in the day's hash of the chat's own cluster slot.
 * Everything else (calls without a chat id, failed calls, a turn whose save
   failed) is added to an in-process tally. A background thread flushes it
   every ``FLUSH_INTERVAL`` seconds as batches, one per day, each written by
@@ -42,21 +28,17 @@ import weakref
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Iterator
 
-from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError
 
 from llmconn.errors import LLMError, LLMTimeout
-from llmconn.store.keys import KEY_PREFIX, chat_keys, encode
+from llmconn.store.keys import chat_keys
+from llmconn.usage_keys import ERROR_PREFIX, RETENTION_TTL, day_of, field_prefix, is_cluster, ledger_key
 
 logger = logging.getLogger(__name__)
 
-USAGE_PREFIX = f'{KEY_PREFIX}:usage:'
-RETENTION_DAYS = 400                    # a day's counts are kept for over a year
-RETENTION_TTL = RETENTION_DAYS * 86400           # the save script has it too: scripts.USAGE_TTL_S
 FLUSH_INTERVAL = 1.0                    # seconds between flushes of the in-process tally
 BATCH_MARKER_TTL = 86400                # a batch sent again within a day is recognized
-COUNTERS = ('calls', 'errors', 'input_tokens', 'output_tokens', 'tool_calls')
-ERROR_PREFIX = 'error:'
 
 # Adds one batch of counts to a day's hash, once, however often the batch is sent.
 #   KEYS[1] - the day's ledger hash, KEYS[2] - the batch's marker (same slot)
@@ -74,51 +56,12 @@ return 1
 """
 
 _NO_USAGE: dict = {}
-_slot_tags: list[str] = []
-_slot_tags_lock = threading.Lock()
-
-
-def slot_tags() -> list[str]:
-    """For each cluster slot, a short hash tag whose keys land in it (built once, about 0.1 s)."""
-    if not _slot_tags:
-        with _slot_tags_lock:
-            if not _slot_tags:
-                tags: list[Any] = [None] * REDIS_CLUSTER_HASH_SLOTS
-                missing, i = REDIS_CLUSTER_HASH_SLOTS, 0
-                while missing:
-                    tag = format(i, 'x')
-                    slot = key_slot(tag.encode())
-                    if tags[slot] is None:
-                        tags[slot] = tag
-                        missing -= 1
-                    i += 1
-                _slot_tags.extend(tags)
-    return _slot_tags
-
-
-def day_of(ts: float) -> str:
-    """The UTC day of a timestamp, as the ledger's keys spell it."""
-    return mod_time.strftime('%Y-%m-%d', mod_time.gmtime(ts))
-
-
-def ledger_key(day: str, slot: int | None = None) -> str:
-    """The hash of ``day``; on a cluster, the one living in ``slot``."""
-    if slot is None:
-        return USAGE_PREFIX + day
-    return f'{USAGE_PREFIX}{{{slot_tags()[slot]}}}:{day}'
-
-
 def error_status(exc: BaseException) -> str:
     """How an error is counted: the provider's HTTP status, or what happened instead."""
     if isinstance(exc, LLMTimeout):
         return 'timeout'
     status = getattr(exc, 'status', None)
     return str(status) if status else 'no_response'
-
-
-def is_cluster(client: Any) -> bool:
-    from redis.cluster import RedisCluster
-    return isinstance(client, RedisCluster)
 
 
 # Ledgers of this process, so a forked child starts without its parent's tally and thread.
@@ -157,7 +100,7 @@ class UsageLedger:
         names = (conn_name, model, key)
         prefix = self._prefixes.get(names)
         if prefix is None:
-            prefix = self._prefixes[names] = ':'.join(encode(n) for n in names) + ':'
+            prefix = self._prefixes[names] = field_prefix(conn_name, model, key)
         return prefix
 
     def today(self) -> str:

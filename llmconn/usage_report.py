@@ -15,7 +15,7 @@ from typing import Any
 from redis.exceptions import RedisClusterException, RedisError
 
 from llmconn.errors import InvalidInput
-from llmconn.usage import COUNTERS, ERROR_PREFIX, USAGE_PREFIX
+from llmconn.usage_keys import COUNTERS, ERROR_PREFIX, USAGE_PREFIX
 
 SCAN_COUNT = 1000
 _COLUMNS = (('day', 'DAY'), ('connection', 'CONNECTION'), ('model', 'MODEL'), ('calls', 'CALLS'),

@@ -15,7 +15,8 @@ from redis.crc import key_slot
 
 from llmconn import LLMError, LockLost, Registry
 from llmconn.store.keys import chat_keys
-from llmconn.usage import UsageLedger, ledger_key, slot_tags
+from llmconn.usage import UsageLedger
+from llmconn.usage_keys import ledger_key, slot_tags
 from llmconn.usage_report import format_table, parse_day, read_usage
 
 HERE = Path(__file__).resolve().parent

@@ -90,7 +90,7 @@ return {{0, redis.call('PTTL', KEYS[1])}}
 #   KEYS[5] - the UTC day's ledger hash, in this chat's cluster slot
 #   ARGV[5] - field prefix "<connection>:<model>:<key>:", ARGV[6] - input tokens,
 #   ARGV[7] - output tokens, ARGV[8] - tool calls (only when there were any)
-# A hash gets its expiry (USAGE_TTL_S, llmconn.usage.RETENTION_TTL) with its first field.
+# A hash gets its expiry (USAGE_TTL_S, llmconn.usage_keys.RETENTION_TTL) with its first field.
 USAGE_TTL_S = 400 * 86400
 _COUNT_USAGE = f"""
 if KEYS[5] then
