@@ -243,7 +243,7 @@ def load_file(path: str | os.PathLike, environ: Mapping[str, str] | None = None)
     return load_dict(data, base_dir=path.parent, source=str(path), environ=environ)
 
 
-class _NoAliasLoader(yaml.SafeLoader):
+class NoAliasLoader(yaml.SafeLoader):
     """SafeLoader refusing aliases as it meets them, before anything is built or walked.
 
     Eight levels of ``*alias`` made a 549-byte file expand into gigabytes
@@ -265,7 +265,7 @@ def parse_yaml(text: str, source: str) -> Any:
     A syntax error says where and what, but never quotes the line: it may hold a secret.
     """
     try:
-        return yaml.load(text, Loader=_NoAliasLoader) or {}
+        return yaml.load(text, Loader=NoAliasLoader) or {}
     except ConfigError as e:
         raise ConfigError(f'{source}: {e}') from None
     except yaml.MarkedYAMLError as e:

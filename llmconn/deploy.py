@@ -179,7 +179,7 @@ class Deployer:
 
     def status(self) -> list[dict]:
         """One entry per file: its services, when deployed, and its last error if any."""
-        return [{'file': str(path), 'services': list(state.services),
+        return [{'file': path.name, 'services': list(state.services),
                  'deployed_at': _iso(state.deployed_at), 'last_error': state.error or None,
                  'last_error_at': _iso(state.error_at) if state.error else None}
                 for path, state in sorted(self.files.items())]
@@ -223,7 +223,7 @@ class ConfigWatch:
         logger.info('Reloaded the configuration %s', self.path)
 
     def status(self) -> dict:
-        return {'file': str(self.path), 'loaded_at': _iso(self.loaded_at), 'last_error': self.error or None,
+        return {'file': self.path.name, 'loaded_at': _iso(self.loaded_at), 'last_error': self.error or None,
                 'last_error_at': _iso(self.error_at) if self.error else None}
 
 

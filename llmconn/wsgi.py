@@ -131,7 +131,8 @@ class App:
 
     def _services(self) -> dict:
         deployed = sorted(self.host.deployer.services.values(), key=lambda d: d.name)
-        return {'services': [{'name': d.name, 'file': str(d.path), 'deployed_at': _iso(d.deployed_at)}
+        # File names only: clients are not told where the server keeps its files.
+        return {'services': [{'name': d.name, 'file': d.path.name, 'deployed_at': _iso(d.deployed_at)}
                              for d in deployed],
                 'files': self.host.deployer.status(),
                 'config': self.host.config.status() if self.host.config else None}
