@@ -98,16 +98,19 @@ class Handler(WSGIHandler):
     def read_request(self, raw_requestline: str) -> bool:
         self.limits.idle.pop(self, None)        # a request line arrived: no longer idle
         try:
-            ok = super().read_request(raw_requestline)
+            return super().read_request(raw_requestline)
         finally:
             self._head_timer.cancel()       # the head is in; from here the per-operation timeout applies
-        lengths = self.headers.get_all('content-length') or []
+
+    def MessageClass(self, fp, *args):      # noqa: N802 (pywsgi's name): parses the headers
+        # Checked here, before pywsgi quietly drops Content-Length in favour of chunked.
+        headers = super().MessageClass(fp, *args)
+        lengths = headers.get_all('content-length') or []
         if len(lengths) > 1:
             raise ValueError(f'{len(lengths)} Content-Length headers; send exactly one')
-        if lengths and self.headers.get('transfer-encoding'):
+        if lengths and headers.get('transfer-encoding'):
             raise ValueError('both Content-Length and Transfer-Encoding; send one of them')
-        return ok
-
+        return headers
 
     def evict(self) -> None:
         """Make room: the blocked read of the next request line sees the end of the connection."""
