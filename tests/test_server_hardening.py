@@ -211,3 +211,119 @@ def test_serve_patches_gevent_without_re_executing_itself(server):
     assert server.post('hostile.patched').json() == {'socket': True, 'ssl': True}
     cmdline = Path(f'/proc/{server.proc.pid}/cmdline').read_bytes().split(b'\0')
     assert b'-m' in cmdline and b'llmconn' in cmdline and b'serve' in cmdline, cmdline
+
+
+# -- item 2: idle and slow clients cannot hold connections ----------------------------------------
+
+def server_fds(pid):
+    return len(os.listdir(f'/proc/{pid}/fd'))
+
+
+def wait_for(check, deadline=15.0, poll=0.05):
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(poll)
+    return False
+
+
+@pytest.fixture
+def short_idle(tmp_path, fake):
+    s = Server(tmp_path, fake.url, extra=['--idle-timeout', '1'])
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize('first_bytes', [b'', b'GET /health HTTP/1.1\r\nHost: x\r\n'])
+def test_idle_or_half_sent_connection_is_closed_after_the_idle_timeout(short_idle, first_bytes):
+    with socket.create_connection(('127.0.0.1', short_idle.port)) as sock:
+        sock.sendall(first_bytes)
+        sock.settimeout(15)         # the server must close it long before this
+        assert sock.recv(1024) == b''
+
+
+def test_client_trickling_its_request_head_is_cut_off(short_idle):
+    with socket.create_connection(('127.0.0.1', short_idle.port)) as sock:
+        sock.settimeout(0.2)
+        head = b'GET /health HTTP/1.1\r\n' + b''.join(b'X-Pad-%d: y\r\n' % i for i in range(200))
+        closed = False
+        for byte in head:           # one byte every 0.2 s: each read is quick, the whole head is not
+            try:
+                sock.sendall(bytes([byte]))
+                if sock.recv(1024) == b'':
+                    closed = True
+                    break
+            except socket.timeout:
+                continue
+            except OSError:
+                closed = True
+                break
+        assert closed
+
+
+def test_many_idle_connections_neither_exhaust_the_limit_nor_starve_health(tmp_path, fake):
+    s = Server(tmp_path, fake.url, extra=['--max-connections', '20'])
+    idle = []
+    try:
+        baseline = server_fds(s.proc.pid)
+        idle = [socket.create_connection(('127.0.0.1', s.port)) for _ in range(60)]
+        response = requests.get(f'{s.url}/health', timeout=10, headers={'Connection': 'close'})
+        assert response.status_code == 200
+        # The server holds at most its limit: the longest-idle connections were closed to make room.
+        assert wait_for(lambda: server_fds(s.proc.pid) <= baseline + 20), server_fds(s.proc.pid) - baseline
+    finally:
+        for sock in idle:
+            sock.close()
+        s.close()
+
+
+# -- item 5: /ready follows the store ------------------------------------------------------------
+
+def test_ready_flips_when_the_stores_redis_stops_and_starts(tmp_path, fake, redis_server):
+    s = Server(tmp_path, fake.url, redis_url=redis_server.url)
+    try:
+        assert s.get('ready').status_code == 200
+        redis_server.stop()
+        assert wait_for(lambda: s.get('ready').status_code == 503)
+        ready = s.get('ready')
+        assert ready.json() == {'status': 'not-ready', 'reason': 'the chat store does not answer'}
+        assert s.get('health').json() == {'status': 'ok'}       # alive: restarting would not help
+        redis_server.start()
+        assert wait_for(lambda: s.get('ready').status_code == 200)
+    finally:
+        s.close()
+
+
+def test_health_and_ready_report_a_config_that_failed_to_reload(tmp_path, fake):
+    s = Server(tmp_path, fake.url)
+    try:
+        assert s.get('health').json() == {'status': 'ok'}
+        config = tmp_path / 'llm.yaml'
+        config.write_text(config.read_text() + '\n  - name: broken\n    provider: nope\n')
+        assert wait_for(lambda: s.get('health').json()['status'] == 'config-error')
+        ready = s.get('ready')
+        assert ready.status_code == 503 and 'configuration' in ready.json()['reason']
+        assert s.post('test.echo', {'a': 1}).status_code == 200     # the previous config keeps serving
+    finally:
+        s.close()
+
+
+def test_idle_connections_beyond_a_low_descriptor_limit_do_not_starve_health(tmp_path, fake):
+    import resource
+
+    def low_fd_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    port = free_port()
+    services = make_services(tmp_path / 'services')
+    config = write_config(tmp_path / 'llm.yaml', fake.url)
+    proc = start_server(config, services, port, preexec_fn=low_fd_limit, stderr=open(tmp_path / 'log', 'w'))
+    idle = []
+    try:
+        idle = [socket.create_connection(('127.0.0.1', port)) for _ in range(300)]
+        assert requests.get(f'http://127.0.0.1:{port}/health', timeout=10).status_code == 200
+    finally:
+        for sock in idle:
+            sock.close()
+        stop(proc)
