@@ -18,9 +18,19 @@ watchdog's observer thread would become a greenlet blocked in a native
 inotify read, stalling every request. A stat of a handful of files four
 times a second costs nothing and behaves the same everywhere.
 
-The configuration file is watched the same way: a change calls
-``registry.reload()``, which swaps the connections atomically; an invalid
-edit keeps the old registry and its error is reported.
+A helper module under the services directory (one that services import,
+``from helpers import ...``) is deployed before the services importing it,
+and a change to it redeploys them too, so they see the new version.
+
+Imports run off the gevent hub (:func:`llmconn.hotload.off_hub`): a file
+whose import takes seconds delays only its own deployment, not the requests
+being served. (A CPU-bound ``handle()`` still blocks its worker; see the
+README.)
+
+The configuration file is watched the same way: a change is parsed and
+validated off the hub, then ``registry.reload(conf)`` swaps the connections
+atomically; an invalid edit keeps the old registry and its error is
+reported.
 """
 
 from __future__ import annotations
@@ -35,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmconn import config as mod_config
+from llmconn.hotload import imported_names, off_hub
 from llmconn.service import Service, UnknownService
 
 logger = logging.getLogger(__name__)
@@ -81,6 +93,7 @@ class Deployer:
         self.files: dict[Path, FileState] = {}
         self._pending: dict[Path, tuple] = {}
         self._owned_modules: set[str] = set()
+        self.imports: dict[Path, set[str]] = {}     # file → module names its source imports
         self._lock = threading.Lock()
 
     def get(self, name: str) -> type:
@@ -95,15 +108,44 @@ class Deployer:
             present = {path: signature(path) for path in self._py_files()}
             for path in [p for p in self.files if p not in present]:
                 self._undeploy(path)
+            changed = {}
             for path, sig in present.items():
                 state = self.files.get(path)
                 if state is not None and state.signature == sig:
                     self._pending.pop(path, None)
                 elif not settle or self._pending.get(path) == sig:
                     self._pending.pop(path, None)
-                    self._deploy(path, sig)
+                    changed[path] = sig
                 else:
                     self._pending[path] = sig
+            self._deploy_in_order(changed, present)
+
+    def _deploy_in_order(self, queue: dict, present: dict) -> None:
+        """Deploy ``queue``, each file after the queued files it imports; then the files importing it."""
+        done = set()
+        while queue:
+            path = self._next(queue)
+            ok = self._deploy(path, queue.pop(path))
+            done.add(path)
+            if not ok:
+                continue
+            name = _module_name(self.dir, path)
+            for other, sig in present.items():
+                if other not in done and other not in queue and name in self.imports.get(other, ()):
+                    queue[other] = sig      # it imports what just changed: refresh it
+
+    def _next(self, queue: dict) -> Path:
+        queued = {_module_name(self.dir, p) for p in queue}
+        for path in sorted(queue):
+            if not (self._imports_of(path) & (queued - {_module_name(self.dir, path)})):
+                return path
+        return min(queue)       # an import cycle: any order
+
+    def _imports_of(self, path: Path) -> set[str]:
+        try:
+            return imported_names(path.read_bytes())
+        except OSError:
+            return set()
 
     def _py_files(self) -> list[Path]:
         if not self.dir.is_dir():
@@ -115,27 +157,31 @@ class Deployer:
                 found.append(path)
         return sorted(found)
 
-    def _deploy(self, path: Path, sig: tuple) -> None:
+    def _deploy(self, path: Path, sig: tuple) -> bool:
         state = self.files.setdefault(path, FileState())
         state.signature = sig
         try:
-            classes = self._import(path)
+            source = path.read_bytes()
+            self.imports[path] = imported_names(source)
+            classes = off_hub(self._import, path, source)
             names = self._check_names(path, classes)
         except (Exception, SystemExit) as e:        # a module calling sys.exit() must not end the watcher
             state.error, state.error_at = _describe(e), mod_time.time()
             logger.error('Could not deploy %s, its previous version (if any) keeps serving: %s',
                          path, state.error, exc_info=not isinstance(e, (SyntaxError, _Clash)))
-            return
+            return False
         now = mod_time.time()
         services = {n: d for n, d in self.services.items() if d.path != path}
         services.update({n: Deployed(n, c, path, now) for n, c in zip(names, classes)})
         self.services = services        # the one assignment requests can observe
         state.services, state.deployed_at, state.error = tuple(names), now, ''
         logger.info('Deployed %s: %s', path.name, ', '.join(names) or 'no services')
+        return True
 
     def _undeploy(self, path: Path) -> None:
         state = self.files.pop(path)
         self._pending.pop(path, None)
+        self.imports.pop(path, None)
         self.services = {n: d for n, d in self.services.items() if d.path != path}
         module_name = _module_name(self.dir, path)
         if module_name in self._owned_modules:
@@ -143,10 +189,10 @@ class Deployer:
             sys.modules.pop(module_name, None)
         logger.info('Undeployed %s (removed): %s', path.name, ', '.join(state.services) or 'no services')
 
-    def _import(self, path: Path) -> list[type]:
+    def _import(self, path: Path, source: bytes) -> list[type]:
         """Execute the file as a fresh module; the running version is untouched if this fails."""
         module_name = _module_name(self.dir, path)
-        code = compile(path.read_bytes(), str(path), 'exec')
+        code = compile(source, str(path), 'exec')
         module = types.ModuleType(module_name)
         module.__file__ = str(path)
         # Registered while it runs (dataclasses and pickling look modules up by name), but never
@@ -213,7 +259,10 @@ class ConfigWatch:
 
     def _reload(self) -> None:
         try:
-            self.registry.reload()
+            # Parsed and validated off the hub: a large or hostile file takes its time there without
+            # stalling requests; the swap itself is quick.
+            conf = off_hub(mod_config.load_file, self.path)
+            self.registry.reload(conf)
         except Exception as e:
             self.error, self.error_at = _describe(e), mod_time.time()
             logger.error('The configuration %s was not reloaded, the previous one keeps serving: %s',
@@ -286,6 +335,8 @@ def _restore(module_name: str, previous: Any) -> None:
 
 
 def _describe(e: BaseException) -> str:
+    if isinstance(e, _Clash):
+        return str(e)           # the message says it all; the class is an internal name
     if isinstance(e, SyntaxError):
         return f'SyntaxError: {e.msg} (line {e.lineno})'
     return f'{type(e).__name__}: {e}'
