@@ -27,10 +27,7 @@ whose import takes seconds delays only its own deployment, not the requests
 being served. (A CPU-bound ``handle()`` still blocks its worker; see the
 README.)
 
-The configuration file is watched the same way: a change is parsed and
-validated off the hub, then ``registry.reload(conf)`` swaps the connections
-atomically; an invalid edit keeps the old registry and its error is
-reported.
+The configuration file is watched the same way (:mod:`llmconn.host`).
 """
 
 from __future__ import annotations
@@ -41,11 +38,10 @@ import sys
 import threading
 import time as mod_time
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmconn import config as mod_config
 from llmconn.hotload import imported_names, off_hub
 from llmconn.service import Service, UnknownService
 
@@ -166,7 +162,7 @@ class Deployer:
             classes = off_hub(self._import, path, source)
             names = self._check_names(path, classes)
         except (Exception, SystemExit) as e:        # a module calling sys.exit() must not end the watcher
-            state.error, state.error_at = _describe(e), mod_time.time()
+            state.error, state.error_at = describe(e), mod_time.time()
             logger.error('Could not deploy %s, its previous version (if any) keeps serving: %s',
                          path, state.error, exc_info=not isinstance(e, (SyntaxError, _Clash)))
             return False
@@ -226,100 +222,13 @@ class Deployer:
     def status(self) -> list[dict]:
         """One entry per file: its services, when deployed, and its last error if any."""
         return [{'file': str(path), 'services': list(state.services),
-                 'deployed_at': _iso(state.deployed_at), 'last_error': state.error or None,
-                 'last_error_at': _iso(state.error_at) if state.error else None}
+                 'deployed_at': iso(state.deployed_at), 'last_error': state.error or None,
+                 'last_error_at': iso(state.error_at) if state.error else None}
                 for path, state in sorted(self.files.items())]
 
 
 class _Clash(Exception):
     """Two services would share one name."""
-
-
-class ConfigWatch:
-    """Reloads the registry when its YAML file changes; a bad edit keeps the old one."""
-
-    def __init__(self, registry: Any, path: str | os.PathLike) -> None:
-        self.registry = registry
-        self.path = Path(path).resolve()
-        self.signature = signature(self.path)
-        self.loaded_at = mod_time.time()
-        self.error = ''
-        self.error_at = 0.0
-        self._pending: tuple | None = None
-
-    def scan(self) -> None:
-        sig = signature(self.path)
-        if sig == self.signature:
-            self._pending = None
-        elif self._pending != sig:
-            self._pending = sig             # look again next time: the editor may not be done
-        else:
-            self._pending, self.signature = None, sig
-            self._reload()
-
-    def _reload(self) -> None:
-        try:
-            # Parsed and validated off the hub: a large or hostile file takes its time there without
-            # stalling requests; the swap itself is quick.
-            conf = off_hub(mod_config.load_file, self.path)
-            self.registry.reload(conf)
-        except Exception as e:
-            self.error, self.error_at = _describe(e), mod_time.time()
-            logger.error('The configuration %s was not reloaded, the previous one keeps serving: %s',
-                         self.path, self.error)
-            return
-        self.loaded_at, self.error = mod_time.time(), ''
-        logger.info('Reloaded the configuration %s', self.path)
-
-    def status(self) -> dict:
-        return {'file': str(self.path), 'loaded_at': _iso(self.loaded_at), 'last_error': self.error or None,
-                'last_error_at': _iso(self.error_at) if self.error else None}
-
-
-@dataclass
-class Host:
-    """What the HTTP server serves: a registry, its config watch, and the deployed services."""
-
-    registry: Any
-    deployer: Deployer
-    config: ConfigWatch | None = None
-    poll_interval: float = POLL_INTERVAL
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    @classmethod
-    def from_paths(cls, config_path: str | os.PathLike, services_dir: str | os.PathLike,
-                   poll_interval: float = POLL_INTERVAL) -> 'Host':
-        from llmconn.registry import Registry
-        registry = Registry.from_file(config_path)
-        return cls(registry, Deployer(services_dir), ConfigWatch(registry, config_path), poll_interval)
-
-    def get_service(self, name: str) -> type:
-        return self.deployer.get(name)
-
-    def start(self) -> None:
-        """Deploy everything now, then keep watching in the background."""
-        self.deployer.scan(settle=False)
-        self._thread = threading.Thread(target=self._watch, name='llmconn-deploy', daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self.poll_interval):
-            try:
-                self.deployer.scan()
-                if self.config is not None:
-                    self.config.scan()
-            except Exception:
-                logger.exception('Hot deployment failed to look at %s; will try again', self.deployer.dir)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def close(self) -> None:
-        self.stop()
-        self.registry.close()
 
 
 def _module_name(base: Path, path: Path) -> str:
@@ -334,7 +243,7 @@ def _restore(module_name: str, previous: Any) -> None:
         sys.modules[module_name] = previous
 
 
-def _describe(e: BaseException) -> str:
+def describe(e: BaseException) -> str:
     if isinstance(e, _Clash):
         return str(e)           # the message says it all; the class is an internal name
     if isinstance(e, SyntaxError):
@@ -342,7 +251,7 @@ def _describe(e: BaseException) -> str:
     return f'{type(e).__name__}: {e}'
 
 
-def _iso(ts: float) -> str | None:
+def iso(ts: float) -> str | None:
     if not ts:
         return None
     return mod_time.strftime('%Y-%m-%dT%H:%M:%S', mod_time.gmtime(ts)) + f'.{int(ts % 1 * 1000):03d}Z'

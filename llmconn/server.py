@@ -160,7 +160,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gevent.pool import Pool
     from gevent.pywsgi import WSGIServer
 
-    from llmconn.deploy import Host
+    from llmconn.host import Host
     from llmconn.errors import ConfigError
     from llmconn.server_limits import Limits, default_max_connections, handler_class
     from llmconn.wsgi import App

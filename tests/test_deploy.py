@@ -15,7 +15,8 @@ import pytest
 import requests
 
 from llmconn.demo import start_server, stop
-from llmconn.deploy import ConfigWatch, Deployer
+from llmconn.deploy import Deployer
+from llmconn.host import ConfigWatch
 from llmconn.errors import ConfigError
 from llmconn.service import UnknownService
 from llmconn.testing.fake_server import FakeProviderServer
