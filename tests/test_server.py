@@ -562,13 +562,32 @@ def test_demo_launcher_serves_a_conversation_offline_and_cleans_up(tmp_path):
         # Run the printed commands as a user would paste them.
         answers = [subprocess.run(c, shell=True, capture_output=True, text=True, timeout=10).stdout
                    for c in commands[:2]]
-        assert 'users: 2 | previous: Hi, my name is Ann' in json.loads(answers[1])['reply']
+        assert 'users: 2 | previous: My name is Ann' in json.loads(answers[1])['reply']
     finally:
         demo.send_signal(signal.SIGTERM)
         assert demo.wait(15) == 0
     for p in (port, provider_port):
         with pytest.raises(requests.ConnectionError):
             requests.get(f'http://127.0.0.1:{p}/health', timeout=2)
+
+
+def test_the_readme_shows_exactly_the_commands_the_demo_prints():
+    from llmconn.demo import conversation, curl_commands
+    readme = (ROOT / 'README.md').read_text()
+    section = readme[readme.index('## Talking to the demo'):readme.index('To use a real Redis')]
+    shown = [line for line in section.splitlines() if line.startswith('curl ')]
+    assert shown == curl_commands()
+    printed = [line.strip() for line in conversation().splitlines() if line.strip().startswith('curl ')]
+    assert all(command in conversation() for command in curl_commands()) and len(printed) >= 3
+
+
+def test_make_run_takes_port_and_host():
+    import subprocess
+    done = subprocess.run(['make', '-n', 'run', 'PORT=17999', 'HOST=0.0.0.0', 'PROVIDER_PORT=17998'], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+    command = done.stdout.strip().splitlines()[-1]
+    assert 'llmconn.demo' in command and '--port 17999' in command and '--host 0.0.0.0' in command
+    assert '--provider-port 17998' in command
 
 
 def test_chunked_request_body_is_read(host):
