@@ -7,30 +7,30 @@ errors, logs, ``llmconn check``, ``/health``) goes through these.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, urlencode
 
 MASK = '***'
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its password (in the authority or a ``password=`` query field) shown as ``***``."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if parts.password is not None:
-            user_info, _, host = netloc.rpartition('@')
-            user = user_info.partition(':')[0]
-            netloc = f'{user}:{MASK}@{host}'
-        query = parts.query
-        if query:
-            fields = [(k, MASK if k.lower() == 'password' else v) for k, v in parse_qsl(query, keep_blank_values=True)]
-            query = urlencode(fields, safe='*')
-        # Not urlunsplit: it turns unix:///path into unix:/path.
-        shown = f'{parts.scheme}://{netloc}{parts.path}'
-        return shown + (f'?{query}' if query else '') + (f'#{parts.fragment}' if parts.fragment else '')
-    except ValueError:
-        # Unparseable: show only the scheme rather than risk showing a password.
-        return url.partition('://')[0] + '://' + MASK
+    """``url`` with its password (in the user information or a ``*password=`` query field) shown as ``***``.
+
+    The user information runs to the *last* ``@``, as :mod:`llmconn.store.urls` reads it, so a
+    password holding ``/``, ``#``, ``?`` or ``@`` unencoded is masked whole.
+    """
+    scheme, sep, rest = url.partition('://')
+    if not sep:
+        return url if '@' not in url else MASK
+    userinfo, at, rest = rest.rpartition('@')
+    if at:
+        user, colon, _ = userinfo.partition(':')
+        rest = f'{user}:{MASK}@{rest}' if colon else f'{user}@{rest}'
+    head, qmark, query = rest.partition('?')
+    if qmark:
+        query, hash_, fragment = query.partition('#')
+        fields = [(k, MASK if 'password' in k.lower() else v) for k, v in parse_qsl(query, keep_blank_values=True)]
+        rest = f'{head}?{urlencode(fields, safe="*/:")}' + (f'#{fragment}' if hash_ else '')
+    return f'{scheme}://{rest}'
 
 
 def scrub(value: Any, secret: str) -> Any:

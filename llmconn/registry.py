@@ -103,7 +103,8 @@ class Registry:
         if previous is not None and previous.config.redis == conf.redis:
             store = previous.store
         else:
-            store = open_store(conf.redis.url)
+            store = open_store(conf.redis.url, replicas=conf.redis.replicas,
+                               replica_timeout=conf.redis.replica_timeout)
         skills = SkillCache(conf.skills_path)
         connections = {}
         for conn_conf in conf.llm:
