@@ -66,6 +66,7 @@ class Servers:
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.processes: dict[int, subprocess.Popen] = {}
+        self.argv: dict[int, list[str]] = {}
         self.exe = shutil.which('redis-server')
         if not self.exe or not shutil.which('redis-cli'):
             pytest.skip('redis-server and redis-cli are needed')
@@ -79,7 +80,11 @@ class Servers:
         argv += ['--port', str(port), '--bind', '127.0.0.1', '--dir', str(self.dir)]
         if config is None:
             argv += ['--save', '', '--appendonly', 'no', *args]
-        self.processes[port] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.argv[port] = argv
+        self.restart(port)
+
+    def restart(self, port: int) -> None:
+        self.processes[port] = subprocess.Popen(self.argv[port], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: redis.Redis(port=port, socket_timeout=0.5).ping(), f'redis-server on {port} answering')
 
     def kill(self, port: int) -> None:

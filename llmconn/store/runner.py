@@ -126,8 +126,24 @@ class ClusterRunner:
         return self._scripts[name](keys=keys, args=args, client=client)
 
     def scripts(self, name: str, calls: list) -> list:
+        # A cluster pipeline refuses EVALSHA: one pipeline per node, on that node's own client.
         client = self.client
-        return _pipelined(client, self._scripts[name], calls)
+        by_node: dict[str, list[int]] = {}
+        nodes = {}
+        for i, (keys, _) in enumerate(calls):
+            node = client.get_node_from_key(keys[0])
+            nodes[node.name] = node
+            by_node.setdefault(node.name, []).append(i)
+        results: list = [None] * len(calls)
+        for name_, indexes in by_node.items():
+            try:
+                replies = _pipelined(client.get_redis_connection(nodes[name_]), self._scripts[name],
+                                     [calls[i] for i in indexes])
+            except Exception as exc:     # this node's locks fail this time; the others are renewed
+                replies = [exc] * len(indexes)
+            for i, reply in zip(indexes, replies):
+                results[i] = reply
+        return results
 
     def script_and_wait(self, name: str, keys: tuple, args: tuple, replicas: int, timeout_ms: int) -> tuple:
         # WAIT has no key: it must go to the node that ran the script, so both go to the slot's master
