@@ -79,7 +79,8 @@ class Servers:
             argv += [str(path), '--sentinel']
         argv += ['--port', str(port), '--bind', '127.0.0.1', '--dir', str(self.dir)]
         if config is None:
-            argv += ['--save', '', '--appendonly', 'no', *args]
+            # No 5 s pause before a replica's first sync (Redis's default), so replicas are online at once.
+            argv += ['--save', '', '--appendonly', 'no', '--repl-diskless-sync-delay', '0', *args]
         self.argv[port] = argv
         self.restart(port)
 
@@ -201,6 +202,7 @@ class DroppingProxy:
         self.port = self.listener.getsockname()[1]
         self.marker: bytes | None = None
         self.dropped = 0
+        self.frozen = False             # server -> client data is thrown away (never arrives)
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -213,7 +215,11 @@ class DroppingProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(('127.0.0.1', self.upstream))
+            try:
+                server = socket.create_connection(('127.0.0.1', self.upstream))
+            except OSError:
+                client.close()
+                continue
             self._sockets += [client, server]
             state = {'drop': False}
             threading.Thread(target=self._pump, args=(client, server, state, True), daemon=True).start()
@@ -232,10 +238,22 @@ class DroppingProxy:
                     # Redis ran the command and answered: the answer is lost with the connection.
                     self.dropped += 1
                     break
+                if not upstream and self.frozen:
+                    continue
                 sink.sendall(data)
         except OSError:
             pass
         for sock in (source, sink):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def cut(self) -> None:
+        """Close every open connection (new ones go to ``upstream``, which may have changed)."""
+        sockets, self._sockets = self._sockets, []
+        for sock in sockets:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:

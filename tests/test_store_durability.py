@@ -7,7 +7,7 @@ import time
 import pytest
 import redis
 
-from llmconn.errors import StoreError
+from llmconn.errors import LockLost, StoreError
 from llmconn.store import open_store
 from llmconn.types import Turn
 from llmconn.store.keys import chat_keys
@@ -110,3 +110,54 @@ def test_with_a_replica_the_save_and_its_wait_are_one_round_trip(with_replica, u
         assert redis.Redis(port=replica).llen(chat_keys(unique, 'c').turns) == 2
     finally:
         store.close()
+
+
+def test_a_lock_lost_in_a_failover_fences_the_old_holders_save(tmp_path, unique):
+    """The master dies with the lock unreplicated; on the promoted replica B takes it; A's save writes nothing.
+
+    The replica follows the master through a proxy that stops passing data on (the write never
+    reaches it); clients reach "the master" through another proxy that is pointed at the
+    promoted replica, as a virtual IP or DNS name is after a failover.
+    """
+    servers = Servers(tmp_path)
+    master, replica = free_ports(2)
+    link = front = None
+    try:
+        servers.start(master)
+        link = DroppingProxy(master)
+        servers.start(replica, '--replicaof', '127.0.0.1', str(link.port))
+        deadline = time.monotonic() + 10
+        while not replica_online(master):
+            assert time.monotonic() < deadline, 'the replica never synced'
+            time.sleep(0.05)
+        front = DroppingProxy(master)
+        url = f'redis://127.0.0.1:{front.port}/0'
+        a, b = open_store(url), open_store(url, replicas=1, replica_timeout=0.2)
+        a.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(turn('replicated'), expiry=60,
+                                                                         max_turns=10)
+        deadline = time.monotonic() + 5
+        while redis.Redis(port=replica).llen(chat_keys(unique, 'c').turns) < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        link.frozen = True                                   # from here on nothing reaches the replica
+        held = a.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+        with pytest.raises(StoreError, match='may not survive a failover'):
+            # replicas: 1 refuses to report a turn only the master has
+            b.begin(unique, 'other', window=5, lock_ttl=TTL, lock_wait=TTL).save(turn('unacked'), expiry=60,
+                                                                                 max_turns=10)
+        servers.kill(master)                                 # the failover
+        redis.Redis(port=replica).replicaof('NO', 'ONE')
+        front.upstream = replica
+        front.cut()
+        fresh = a.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0)   # the lock did not survive
+        with pytest.raises(LockLost):
+            held.save(turn('stale holder'), expiry=60, max_turns=10)
+        fresh.save(turn('new holder'), expiry=60, max_turns=10)
+        assert [t.user for t in a.history(unique, 'c')] == ['replicated', 'new holder']
+        a.close()
+        b.close()
+    finally:
+        for proxy in (link, front):
+            if proxy:
+                proxy.close()
+        servers.stop()
