@@ -161,3 +161,19 @@ def test_a_lock_lost_in_a_failover_fences_the_old_holders_save(tmp_path, unique)
             if proxy:
                 proxy.close()
         servers.stop()
+
+
+def test_counters_count_once_per_saved_turn_even_when_the_save_is_resent(proxy, unique):
+    store = open_store(f'redis://127.0.0.1:{proxy.port}/0')
+    try:
+        keys = chat_keys(unique, 'c')
+        ledger = keys.beside('usage')
+        store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(
+            turn('one'), expiry=60, max_turns=10, counters=(ledger, {'calls': 1, 'tokens': 7}))
+        proxy.drop_reply_to(b'DROP-THIS-REPLY')
+        store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(
+            turn('DROP-THIS-REPLY'), expiry=60, max_turns=10, counters=(ledger, {'calls': 1, 'tokens': 5}))
+        assert proxy.dropped == 1
+        assert store._runner.client.hgetall(ledger) == {b'calls': b'2', b'tokens': b'12'}
+    finally:
+        store.close()

@@ -112,9 +112,9 @@ class ChatStore:
         except RedisClusterException as exc:
             raise self._error(exc) from exc
 
-    def _finish(self, keys: ChatKeys, args: tuple, *, durable: bool) -> int:
+    def _finish(self, keys: ChatKeys, args: tuple, *, durable: bool, extra_key: tuple = ()) -> int:
         """FINISH (save or release); with ``replicas``, a save also waits for them in the same round trip."""
-        finish_keys = (keys.lock, keys.turns, keys.queue, keys.saved)
+        finish_keys = (keys.lock, keys.turns, keys.queue, keys.saved, *extra_key)
         if not (durable and self.replicas):
             return self._script('finish', finish_keys, args)
         try:

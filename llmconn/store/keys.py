@@ -34,6 +34,10 @@ class ChatKeys(NamedTuple):
     seq: str        # counter numbering the waiting calls (their place, for observers)
     saved: str      # list of the tokens of the last saves, newest first: a re-sent save is recognised
 
+    def beside(self, suffix: str) -> str:
+        """Another key in this chat's slot (e.g. a usage ledger a save script may also write)."""
+        return f'{self.turns.rpartition(":")[0]}:{suffix}'
+
     def wake(self, token: str) -> str:
         """The list a waiting call blocks on; the lock scripts derive the same name."""
         return f'{self.lock}:{token}'

@@ -66,7 +66,7 @@ import json
 import logging
 import threading
 import time as mod_time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from llmconn.errors import ChatBusy, LockLost, StoreError
 from llmconn.types import Turn
@@ -283,12 +283,16 @@ class ChatLock:
         self._ttl_ms = ttl_ms
         self._open = True           # save or release still has work to do
 
-    def save(self, turn: Turn, *, expiry: float, max_turns: int, replace_last: bool = False) -> None:
+    def save(self, turn: Turn, *, expiry: float, max_turns: int, replace_last: bool = False,
+             counters: tuple[str, Mapping[str, int]] | None = None) -> None:
         """Append ``turn`` (or replace the last, pending one), keep ``max_turns``, expire in ``expiry`` s, unlock.
 
-        Raises :class:`LockLost` (nothing written) when the lock was no longer
-        ours, and :class:`StoreError` when Redis failed or, with
-        ``redis.replicas``, the turn did not reach enough replicas.
+        ``counters`` - (a hash key in this chat's slot, see :meth:`ChatKeys.beside`,
+        {field: increment}) - are added in the same script, once per saved turn
+        (a re-sent save does not count twice). Raises :class:`LockLost`
+        (nothing written) when the lock was no longer ours, and
+        :class:`StoreError` when Redis failed or, with ``redis.replicas``, the
+        turn did not reach enough replicas.
         """
         if not self._open:
             raise LockLost('This chat lock was already saved or released; begin a new call to save another turn')
@@ -300,7 +304,12 @@ class ChatLock:
         # surrogatepass: a lone surrogate in a text is stored, not a crash; json.loads reads it back.
         data = _dumps(turn.to_dict()).encode('utf-8', 'surrogatepass')
         args = (self._token, data, max_turns, max(1, int(expiry * 1000)), b'1' if replace_last else b'0', b'')
-        result = self._store._finish(self._keys, args, durable=True)
+        extra_key = ()
+        if counters:
+            key, increments = counters
+            extra_key = (key,)
+            args += tuple(item for field, amount in increments.items() for item in (field, int(amount)))
+        result = self._store._finish(self._keys, args, durable=True, extra_key=extra_key)
         # A StoreError above leaves _open set, so release() still tries to unlock.
         self._open = False
         if result == NOT_OURS:
