@@ -39,7 +39,7 @@ from redis_topology import Cluster, SentinelGroup, Servers, free_ports  # noqa: 
 from zato_baseline import ZatoStyleChat  # noqa: E402
 
 from llmconn import Registry  # noqa: E402
-from llmconn.store.keys import chat_keys, encode  # noqa: E402
+from llmconn.store.keys import chat_keys  # noqa: E402
 from llmconn.testing.fake_server import FakeProviderServer  # noqa: E402
 from llmconn.types import Request, Turn  # noqa: E402
 

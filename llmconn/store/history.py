@@ -25,7 +25,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from llmconn.errors import ChatBusy, StoreError
 from llmconn.store import lock as mod_lock
 from llmconn.store.keys import ChatKeys, chat_keys
-from llmconn.store.lock import TURN_SEPARATOR, ChatLock, LockRenewer
+from llmconn.store.lock import TURN_SEPARATOR, ChatLock
+from llmconn.store.renewer import LockRenewer
 from llmconn.types import Turn
 
 if TYPE_CHECKING:
