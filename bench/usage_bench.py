@@ -78,7 +78,7 @@ def bench_store(url: str, n: int, rounds: int) -> tuple[float, float]:
     def call(chat_id: str, with_usage: bool) -> None:
         lock = store.begin(name, chat_id, window=19, lock_ttl=30, lock_wait=10)
         usage = ledger.save_entry(name, chat_id, prefix, RESULT) if with_usage else None
-        lock.save(turn, expiry=3600, max_turns=20, usage=usage)
+        lock.save(turn, expiry=3600, max_turns=20, counters=usage)
 
     for i in range(40):         # both chats full, scripts loaded
         call('off', False)

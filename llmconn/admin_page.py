@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from llmconn.errors import LLMConnError
+from llmconn.responses import HTTPFailure
 from llmconn.usage_report import by_connection_and_day, errors_by_status, read_usage
 
 DAYS_SHOWN = 14
@@ -35,11 +36,8 @@ SECURITY_HEADERS = [
     ('X-Content-Type-Options', 'nosniff'), ('Cache-Control', 'no-store'), ('Referrer-Policy', 'no-referrer')]
 
 
-def handle(app: Any, environ: dict, method: str) -> tuple:
-    """The page as (status, headers, body), or an HTTPFailure for the host to send."""
-    from llmconn.wsgi import HTTPFailure
-    if method != 'GET':
-        raise HTTPFailure(405, 'use GET for /admin', [('Allow', 'GET')])
+def handle(app: Any, environ: dict, cid: str) -> tuple:
+    """The page as (status, headers, body), or an HTTPFailure for the host to send (a route of wsgi.ROUTES)."""
     _authorize(app, environ)
     try:
         query = parse_qs(environ.get('QUERY_STRING', ''), max_num_fields=MAX_QUERY_FIELDS)
@@ -53,7 +51,6 @@ def handle(app: Any, environ: dict, method: str) -> tuple:
 
 
 def _authorize(app: Any, environ: dict) -> None:
-    from llmconn.wsgi import HTTPFailure
     keys = app._api_keys()
     if not keys:
         raise HTTPFailure(403, 'the admin page shows conversations, so it needs an API key, and none is '

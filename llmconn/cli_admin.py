@@ -1,6 +1,8 @@
 """The operator's subcommands of ``llmconn``: usage, history, forget, chats, chat (a REPL), check --connect.
 
-Registered by :func:`add_admin_commands` from :mod:`llmconn.cli`. Each one
+Registered by :func:`add_admin_commands` from :mod:`llmconn.cli`; like it,
+this module imports nothing heavy at the top (``llmconn serve`` must patch
+gevent before ``redis`` and ``requests`` load). Each one
 reads ``--config`` (default ``etc/llm.yaml``) and opens its own registry,
 closed again before returning, so counts it made are written to the ledger.
 
@@ -19,8 +21,6 @@ import sys
 from typing import Any, Callable, TextIO
 
 from llmconn.errors import ChatBusy, LLMConnError, StoreError
-from llmconn.providers.base import STREAM
-from llmconn.store.keys import KEY_PREFIX, encode
 
 DEFAULT_CONFIG = 'etc/llm.yaml'
 PROMPT = 'you> '
@@ -28,10 +28,10 @@ SCAN_COUNT = 1000
 QUIT_COMMANDS = ('/quit', '/exit')
 
 
-def add_admin_commands(sub: Any) -> None:
-    """Add the operator's subcommands to the ``llmconn`` parser's subparsers."""
+def add_admin_commands(sub: Any, common: list) -> None:
+    """Add the operator's subcommands to the ``llmconn`` parser's subparsers (see ``cli.SUBCOMMANDS``)."""
     def command(name: str, func: Callable, helptext: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=helptext, description=helptext)
+        p = sub.add_parser(name, parents=common, help=helptext, description=helptext)
         p.add_argument('--config', default=DEFAULT_CONFIG, help=f'the YAML configuration (default {DEFAULT_CONFIG})')
         p.set_defaults(func=func)
         return p
@@ -43,12 +43,12 @@ def add_admin_commands(sub: Any) -> None:
 
     p = command('history', cmd_history, 'print the stored turns of a chat, oldest first')
     p.add_argument('name', help='connection name')
-    p.add_argument('chat_id')
+    p.add_argument('chat_id', help='the chat id, as the service passed it')
     p.add_argument('--json', action='store_true', help='print the messages as JSON')
 
     p = command('forget', cmd_forget, 'delete the stored turns of a chat')
     p.add_argument('name', help='connection name')
-    p.add_argument('chat_id')
+    p.add_argument('chat_id', help='the chat id, as the service passed it')
 
     p = command('chats', cmd_chats, 'list the chat ids a connection has stored turns for')
     p.add_argument('name', help='connection name')
@@ -59,7 +59,7 @@ def add_admin_commands(sub: Any) -> None:
     p.add_argument('name', help='connection name')
     p.add_argument('text', nargs='?', help='send just this message and print the answer')
     p.add_argument('--chat-id', default='', help='the conversation to continue (default: a new one)')
-    p.add_argument('--skill', default='')
+    p.add_argument('--skill', default='', help='a skill from skills_dir to use as the system prompt')
     p.add_argument('--json', action='store_true', help='with TEXT: print the whole result as JSON')
 
 
@@ -127,6 +127,8 @@ def cmd_chats(args) -> int:
 def list_chats(store: Any, conn_name: str, match: str = '*') -> list[str]:
     """The ids of every chat of ``conn_name`` with stored turns, sorted; SCAN, every master of a cluster."""
     from redis.exceptions import RedisClusterException, RedisError
+
+    from llmconn.store.keys import KEY_PREFIX, encode
     from llmconn.usage_report import decode
 
     head = f'{KEY_PREFIX}:{{{encode(conn_name)}:'
@@ -237,6 +239,7 @@ class Conversation:
             return None
 
     def _turn(self, text: str) -> None:
+        from llmconn.providers.base import STREAM
         try:
             if self.interactive and STREAM in self.conn.provider.capabilities:
                 self._streamed(text)

@@ -27,6 +27,7 @@ from llmconn.checks import check_chat_id as _check_chat_id
 from llmconn.checks import check_text as _check_text
 from llmconn.config import ConnectionConfig
 from llmconn.errors import InactiveConnection, InvalidInput, LLMError
+from llmconn.lifetime import Counted, InFlight
 from llmconn.providers import PROVIDERS
 from llmconn.providers.base import STREAM, SYSTEM
 from llmconn.skills import SkillCache
@@ -53,6 +54,8 @@ class Connection:
                                                 address=conf.address, stream_timeout=conf.stream_timeout)
         self._headers = self.provider.headers()
         self.usage = usage or NO_LEDGER      # counts every call, see llmconn.usage
+        self.calls = InFlight()         # running calls: a connection a reload replaced closes after the last
+        self.closed = False
 
     def __repr__(self) -> str:
         return f'<Connection {self.name!r} provider={self.conf.provider} model={self.conf.model}>'
@@ -81,6 +84,10 @@ class Connection:
         (404 or 405: some compatible servers and gateways) is asked a one-word question.
         """
         self._check_active()
+        with self.calls:
+            return self._ping()
+
+    def _ping(self) -> bool:
         try:
             self.transport.get(self.provider.ping_url(), self._headers)
         except LLMError as e:
@@ -93,7 +100,9 @@ class Connection:
         """Every stored message of the chat, oldest first, as ``{"role", "content"}``."""
         _check_chat_id(chat_id, required=True)
         messages = []
-        for turn in self.store.history(self.name, chat_id):
+        with self.calls:
+            turns = self.store.history(self.name, chat_id)
+        for turn in turns:
             # clean(): a turn stored before text was cleaned may hold a lone surrogate.
             messages.append({'role': 'user', 'content': clean(turn.user)})
             messages.append({'role': 'assistant', 'content': clean(turn.assistant)})
@@ -101,10 +110,20 @@ class Connection:
 
     def delete_history(self, chat_id: str) -> None:
         _check_chat_id(chat_id, required=True)
-        self.store.delete(self.name, chat_id)
+        with self.calls:
+            self.store.delete(self.name, chat_id)
 
     def close(self) -> None:
+        self.closed = True
         self.transport.close()
+
+    def retire(self, then=None) -> None:
+        """Close once the calls running now have finished, then run ``then`` (see :mod:`llmconn.lifetime`)."""
+        def close_then() -> None:
+            self.close()
+            if then is not None:
+                then()
+        self.calls.retire(close_then)
 
     # -- the pipeline ----------------------------------------------------------------------------
 
@@ -115,7 +134,8 @@ class Connection:
         _check_chat_id(chat_id, required=False)
         check_params(params, self.provider.reserved_params)
         tally = self.usage.call(self.name, self.conf.model)
-        return tally.track(self._pipeline(text, chat_id, self._system(skill), params, stream, tally))
+        return Counted(tally.track(self._pipeline(text, chat_id, self._system(skill), params, stream, tally)),
+                       self.calls)
 
     def _pipeline(self, text: str, chat_id: str, system: str, params: dict, stream: bool,
                   tally) -> Iterator[Event]:
@@ -143,7 +163,7 @@ class Connection:
                            response_id=reply.response_id if keep_id else '', chain=chain if keep_id else 0,
                            ts=mod_time.time()),
                       expiry=conf.chat_expiry, max_turns=conf.max_stored_turns,
-                      usage=tally.save_entry(self.name, chat_id, done.result))
+                      counters=tally.save_entry(self.name, chat_id, done.result))
             tally.saved()
             yield done
 

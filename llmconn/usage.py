@@ -33,7 +33,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from llmconn.errors import LLMError, LLMTimeout
 from llmconn.store.keys import chat_keys
-from llmconn.usage_keys import ERROR_PREFIX, RETENTION_TTL, day_of, field_prefix, is_cluster, ledger_key
+from llmconn.usage_keys import ERROR_PREFIX, RETENTION_TTL, day_of, field_prefix, ledger_key
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +76,10 @@ class UsageLedger:
         self.store = store
         self.clock = clock
         self.flush_interval = flush_interval
-        self._cluster = is_cluster(store.client)
-        self._flush = store.client.register_script(FLUSH)
+        self._cluster = bool(getattr(store, 'cluster', False))
+        self._flush: Any = None                             # registered on first use: connects nothing now
         self._prefixes: dict[tuple, str] = {}
+        self._fields: dict[str, tuple] = {}
         self._day: tuple = (0.0, 0.0, '', '')            # start, end, 'YYYY-MM-DD', its ledger key
         self._pending: dict[tuple, dict[str, int]] = {}     # (day, prefix) -> counter -> n
         self._unsent: list[tuple[str, str, dict]] = []      # (batch id, day, field -> n), oldest first
@@ -114,17 +115,23 @@ class UsageLedger:
         return day
 
     def save_entry(self, conn_name: str, chat_id: str, prefix: str, result: dict) -> tuple:
-        """What the save script needs to count a chat call: (ledger key, ARGV[5..8]); on the hot path."""
+        """``counters`` for the save: (ledger key, {field: increment}, its expiry); on the hot path."""
         day = self.today()
         if self._cluster:
             key = ledger_key(day, key_slot(chat_keys(conn_name, chat_id).turns.encode()))
         else:
             key = self._day[3]
         usage = result.get('usage') or _NO_USAGE
+        names = self._fields.get(prefix)
+        if names is None:
+            names = self._fields[prefix] = tuple(prefix + c for c in ('calls', 'input_tokens', 'output_tokens',
+                                                                      'tool_calls'))
+        # 'calls' first: the save script sets the hash's expiry when that field is new.
+        counts = {names[0]: 1, names[1]: usage.get('input_tokens') or 0, names[2]: usage.get('output_tokens') or 0}
         tools = result.get('tool_calls')
         if tools:
-            return key, prefix, usage.get('input_tokens') or 0, usage.get('output_tokens') or 0, len(tools)
-        return key, prefix, usage.get('input_tokens') or 0, usage.get('output_tokens') or 0
+            counts[names[3]] = len(tools)
+        return key, counts, RETENTION_TTL
 
     def add(self, prefix: str, counts: dict[str, int]) -> None:
         """Add ``counts`` to today's tally; written by the flusher, off the caller's path."""
@@ -209,6 +216,8 @@ class UsageLedger:
         args: list = [RETENTION_TTL, BATCH_MARKER_TTL]
         for field, n in fields.items():
             args += (field, n)
+        if self._flush is None:
+            self._flush = self.store.client.register_script(FLUSH)
         self._flush(keys=(key, marker), args=args)
 
     def _start(self) -> None:

@@ -114,7 +114,7 @@ def test_a_batch_sent_again_after_a_lost_reply_is_counted_once(open_registry, re
 def test_a_turn_whose_save_failed_is_still_counted_once(open_registry, redis_url, provider, unique, monkeypatch):
     registry = open_registry(_config(redis_url, provider, unique))
     store = registry.store
-    monkeypatch.setattr(store, '_do_save', lambda *args, **kwargs: False)     # the lock was lost meanwhile
+    monkeypatch.setattr(store, '_finish', lambda *args, **kwargs: 0)     # the lock was lost meanwhile
     with pytest.raises(LockLost):
         registry[unique].chat('hello', chat_id='c1')
     monkeypatch.undo()
@@ -207,7 +207,7 @@ def test_tool_calls_are_counted_in_the_save_script_and_in_process(open_registry,
     result = {'usage': {'input_tokens': 5, 'output_tokens': 6}, 'tool_calls': [{'call_id': 'a'}, {'call_id': 'b'}]}
     lock = store.begin(unique, 'c1', window=5, lock_ttl=5, lock_wait=1)
     lock.save(Turn(user='u', assistant='a'), expiry=60, max_turns=10,
-              usage=ledger.save_entry(unique, 'c1', ledger.prefix(unique, 'm'), result))
+              counters=ledger.save_entry(unique, 'c1', ledger.prefix(unique, 'm'), result))
     tally = ledger.call(unique, 'm')
     list(tally.track(iter([type('Done', (), {'type': 'done', 'result': result})()])))
     assert ledger.flush()
