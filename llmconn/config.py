@@ -34,6 +34,10 @@ DEFAULT_LOCK_TTL = 30.0         # the most a dead lock holder can block a chat
 DEFAULT_MAX_STORED_TURNS = 1000
 DEFAULT_REDIS_URL = 'memory://'
 
+# Keys only provider: template reads; elsewhere they are refused rather than ignored.
+TEMPLATE_KEYS = ('request_template', 'response_template', 'request_template_file', 'response_template_file',
+                 'headers', 'method')
+
 _env_pattern = re.compile(r'\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}')
 _zato_env_pattern = re.compile(r'^Zato_Enmasse_Env\.([A-Za-z_][A-Za-z0-9_]*)$')
 
@@ -81,6 +85,14 @@ class ConnectionConfig(_Frozen):
     thinking: ThinkingConfig | None = None
     state: Literal['local', 'provider'] = 'local'
     params: dict[str, Any] = Field(default_factory=dict)
+    # provider: template (SPEC §12). A *_file is read at load, relative to the configuration
+    # file, into the inline key; the path stays so errors can name it.
+    request_template: str = ''
+    response_template: str = ''
+    request_template_file: str = ''
+    response_template_file: str = ''
+    headers: dict[str, str] = Field(default_factory=dict)
+    method: Literal['POST', 'PUT', 'PATCH'] = 'POST'
 
     @model_validator(mode='before')
     @classmethod
@@ -209,7 +221,7 @@ def load_dict(data: Any, base_dir: str | os.PathLike = '.', source: str = '<dict
     conns = []
     seen: set[str] = set()
     for index, raw in enumerate(raw_conns):
-        conn = _load_connection(raw, index, source, environ)
+        conn = _load_connection(raw, index, source, environ, Path(base_dir))
         if conn.name in seen:
             raise ConfigError(f'{source}: connection "{conn.name}": the name is used twice; names must be unique')
         seen.add(conn.name)
@@ -224,7 +236,8 @@ def load_dict(data: Any, base_dir: str | os.PathLike = '.', source: str = '<dict
         raise ConfigError(f'{source}: {_describe(e)}') from None
 
 
-def _load_connection(raw: Any, index: int, source: str, environ: Mapping[str, str]) -> ConnectionConfig:
+def _load_connection(raw: Any, index: int, source: str, environ: Mapping[str, str],
+                     base_dir: Path = Path('.')) -> ConnectionConfig:
     from llmconn.providers import PROVIDERS  # the provider registry imports this module's types
 
     if not isinstance(raw, dict):
@@ -243,11 +256,23 @@ def _load_connection(raw: Any, index: int, source: str, environ: Mapping[str, st
         raise ConfigError(f'{source}: {label}: field "provider": unknown provider {provider!r}; '
                           f'valid providers are {", ".join(sorted(PROVIDERS))}')
     try:
+        _template_keys(conn, provider)
+        conn = PROVIDERS[provider].read_files(conn, base_dir)
         PROVIDERS[provider].check_config(conn)
     except ValueError as e:
         raise ConfigError(f'{source}: {label}: {e}') from None
     return conn.model_copy(update={'provider': provider,
                                    'address': conn.address or PROVIDERS[provider].default_address})
+
+
+def _template_keys(conn: ConnectionConfig, provider: str) -> None:
+    """Template keys on another provider would be silently ignored, and a template given twice is ambiguous."""
+    given = [key for key in TEMPLATE_KEYS if key in conn.model_fields_set]
+    if provider != 'template' and given:
+        raise ValueError(f'field "{given[0]}": only provider template reads it; remove it or set provider: template')
+    for key in ('request_template', 'response_template'):
+        if key in given and f'{key}_file' in given:
+            raise ValueError(f'field "{key}": give {key} or {key}_file, not both')
 
 
 def _describe(error: ValidationError) -> str:

@@ -76,12 +76,15 @@ class Connection:
         (404 or 405: some compatible servers and gateways) is asked a one-word question.
         """
         self._check_active()
+        url = self.provider.ping_url()
         try:
-            self.transport.get(self.provider.ping_url(), self._headers)
+            if url:
+                self.transport.get(url, self._headers)
+                return True
         except LLMError as e:
             if e.status not in (404, 405):
                 raise
-            self._drain(self._call(Request(PING_TEXT)))
+        self._drain(self._call(Request(PING_TEXT)))
         return True
 
     def history(self, chat_id: str) -> list[dict]:
@@ -133,7 +136,7 @@ class Connection:
             lock.save(Turn(user=text, assistant=reply.text, items=reply.items,
                            tag=self.provider.tag if reply.items else '',
                            response_id=reply.response_id if keep_id else '', chain=chain if keep_id else 0,
-                           ts=mod_time.time()),
+                           ts=mod_time.time(), meta=reply.meta),
                       expiry=conf.chat_expiry, max_turns=conf.max_stored_turns)
             yield done
 
@@ -172,6 +175,9 @@ class Connection:
         if request.stream:
             yield from self.provider.read_stream(
                 self.transport.post_stream(self.provider.url(stream=True), self._headers, body))
+        elif self.provider.raw_answers:
+            yield self.provider.done(self.provider.parse_response(
+                self.transport.exchange(self.provider.http_method, self.provider.url(), self._headers, body)))
         else:
             yield self.provider.done(self.provider.parse_response(
                 self.transport.post(self.provider.url(stream=False), self._headers, body)))

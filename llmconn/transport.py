@@ -34,6 +34,7 @@ from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
 from llmconn.providers.base import JSON_BODY, SSE
 from llmconn.redact import scrub
 from llmconn.sse import decode_json, iter_sse, sniff
+from llmconn.types import HTTPAnswer
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,17 @@ class Transport:
         response = self._send('POST', url, headers, body, stream=False)
         return self._json(response)
 
+    def exchange(self, method: str, url: str, headers: dict, body: Any) -> HTTPAnswer:
+        """Send ``body`` and return the final answer as it came, an error status included.
+
+        Retries are the same as for :meth:`post`; only the last answer of a
+        failing status is handed back instead of raised, for a provider that
+        reads statuses itself (template endpoints).
+        """
+        response = self._send(method, url, headers, body, stream=False, answer_errors=True)
+        return HTTPAnswer(response.status_code, {k.lower(): v for k, v in response.headers.items()},
+                          _text(response.content))
+
     def post_stream(self, url: str, headers: dict, body: dict) -> Iterator[SSE]:
         """POST ``body`` and yield the server-sent events of the answer as they arrive."""
         response = self._send('POST', url, headers, body, stream=True)
@@ -97,7 +109,7 @@ class Transport:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _send(self, method: str, url: str, headers: dict, body: dict | None, stream: bool):
+    def _send(self, method: str, url: str, headers: dict, body: Any, stream: bool, answer_errors: bool = False):
         data = None if body is None else json.dumps(body, ensure_ascii=False).encode('utf-8')
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
@@ -121,6 +133,8 @@ class Transport:
                 return response
             wait = self._retry_wait(response, attempt)
             if wait is None or last:
+                if answer_errors:
+                    return response
                 raise self._status_error(response)
             logger.info('%s: provider answered %s, retrying in %.2f s (attempt %d of %d)', self.name,
                         response.status_code, wait, attempt + 2, self.max_retries + 1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
 from llmconn.errors import InvalidInput, LLMError
@@ -61,6 +62,10 @@ class Provider:
     capabilities: ClassVar[frozenset[str]] = frozenset()
     # Body keys the mapping itself sets from the configuration and the chat; params may not.
     reserved_params: ClassVar[frozenset[str]] = frozenset()
+    # True when parse_response takes the final HTTPAnswer (status, headers, text, errors included)
+    # instead of the parsed JSON of a successful answer; http_method is then the method to send.
+    raw_answers: ClassVar[bool] = False
+    http_method: str = 'POST'
 
     def __init__(self, conf: 'ConnectionConfig') -> None:
         self.conf = conf
@@ -74,6 +79,11 @@ class Provider:
         if conf.state != 'local' and STATEFUL not in cls.capabilities:
             raise ValueError(f'field "state": provider {cls.name} is stateless, only "local" is valid')
         check_reserved(cls.reserved_params, conf.params, ValueError)
+
+    @classmethod
+    def read_files(cls, conf: 'ConnectionConfig', base_dir: Path) -> 'ConnectionConfig':
+        """``conf`` with the files its settings name read in, relative to the configuration file."""
+        return conf
 
     @property
     def tag(self) -> str:
@@ -92,7 +102,7 @@ class Provider:
         raise NotImplementedError
 
     def ping_url(self) -> str:
-        """A cheap GET that proves the provider answers and accepts our credentials."""
+        """A cheap GET that proves the provider answers and accepts our credentials ('' when there is none)."""
         raise NotImplementedError
 
     def headers(self) -> dict[str, str]:
