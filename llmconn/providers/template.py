@@ -39,8 +39,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from jinja2 import StrictUndefined, TemplateSyntaxError, nodes
+from jinja2 import StrictUndefined, TemplateSyntaxError, Undefined, nodes, pass_eval_context
 from jinja2.exceptions import SecurityError
+from jinja2.filters import do_tojson
 from jinja2.sandbox import SandboxedEnvironment
 from jinja2.utils import Namespace
 
@@ -84,7 +85,17 @@ class TemplateSandbox(SandboxedEnvironment):
         return left ** right
 
 
+@pass_eval_context
+def _tojson(eval_ctx, value: Any, indent: int | None = None) -> Any:
+    # The stock filter would say "StrictUndefined is not JSON serializable"; say what is missing.
+    if isinstance(value, Undefined):
+        value._fail_with_undefined_error()
+    return do_tojson(eval_ctx, value, indent)
+
+
 def _fromjson(text: Any) -> Any:
+    if isinstance(text, Undefined):
+        text._fail_with_undefined_error()
     if not isinstance(text, str):
         raise ValueError(f'fromjson takes a str, got {type(text).__name__}')
     try:
@@ -99,6 +110,7 @@ def environment() -> TemplateSandbox:
     env.globals.clear()                 # range, dict, lipsum, cycler, joiner: none is needed
     env.globals['namespace'] = Namespace
     env.filters['fromjson'] = _fromjson
+    env.filters['tojson'] = _tojson
     env.policies['json.dumps_kwargs'] = {'sort_keys': False}   # keep the author's key order
     return env
 
