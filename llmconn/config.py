@@ -32,6 +32,7 @@ DEFAULT_MAX_RETRIES = 2
 DEFAULT_LOCK_WAIT = 10.0        # as Zato's `block`: how long a chat call waits for the lock
 DEFAULT_LOCK_TTL = 30.0         # the most a dead lock holder can block a chat
 DEFAULT_MAX_STORED_TURNS = 1000
+DEFAULT_STREAM_TIMEOUT = 600.0  # the longest a whole stream may take (``timeout`` bounds each wait in it)
 DEFAULT_REDIS_URL = 'memory://'
 
 # Keys only provider: template reads; elsewhere they are refused rather than ignored.
@@ -75,6 +76,7 @@ class ConnectionConfig(_Frozen):
     secret: SecretStr | None = None
     pool_size: int = Field(DEFAULT_POOL_SIZE, ge=1)
     timeout: float = Field(DEFAULT_TIMEOUT, gt=0)
+    stream_timeout: float = Field(DEFAULT_STREAM_TIMEOUT, gt=0)
     max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
     max_history_turns: int = Field(DEFAULT_MAX_HISTORY_TURNS, ge=1)
     chat_expiry: float = Field(DEFAULT_CHAT_EXPIRY, gt=0)

@@ -262,3 +262,10 @@ def test_the_stored_turn_keeps_extras_under_a_short_key_and_only_when_there_are_
     rich = Turn('u', 'a', ts=1.0, meta={'response_id': 'r', 'n': [1, {'x': None}]})
     assert rich.to_dict()['m'] == {'response_id': 'r', 'n': [1, {'x': None}]}
     assert Turn.from_dict(json.loads(json.dumps(rich.to_dict()))) == rich
+
+
+def test_a_lone_surrogate_the_endpoint_escapes_never_reaches_the_store():
+    provider = template(response_template='{% set r = body | fromjson %}{"choices": [{"message": '
+                                          '{"content": {{ r.text | tojson }}, "id": {{ r.text | tojson }}}}]}')
+    reply = provider.done(provider.parse_response(answer('{"text": "a\\ud800b"}'))).reply
+    assert reply.text == 'a\ufffdb' and reply.meta == {'id': 'a\ufffdb'}
