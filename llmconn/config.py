@@ -159,6 +159,12 @@ class Config(_Frozen):
     def skills_path(self) -> Path:
         return (self.base_dir / self.skills_dir).resolve()
 
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """The files this configuration read besides itself (template files), for a watcher."""
+        return tuple((self.base_dir / name).resolve() for conn in self.llm
+                     for name in (conn.request_template_file, conn.response_template_file) if name)
+
 
 def expand_env(value: Any, where: str, environ: Mapping[str, str]) -> Any:
     """Expand environment references in every string of a loaded YAML tree."""

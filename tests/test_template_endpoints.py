@@ -279,3 +279,31 @@ def test_the_memory_evaluation_command_exits_zero_and_prints_its_checks():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count('PASS') == 5 and 'FAIL' not in done.stdout
+
+
+def test_editing_a_template_file_reloads_the_configuration(tmp_path, provider):
+    from llmconn.deploy import ConfigWatch
+    from llmconn.registry import Registry
+    for name in ('chat-completions.request.j2', 'chat-completions.response.j2'):
+        shutil.copy(TEMPLATES / name, tmp_path / name)
+    (tmp_path / 'llm.yaml').write_text(
+        f'llm:\n  - {{name: T, provider: template, model: m, max_retries: 0,\n'
+        f'     address: "{provider.url}/v1/chat/completions",\n'
+        f'     request_template_file: chat-completions.request.j2,\n'
+        f'     response_template_file: chat-completions.response.j2}}\n')
+    registry = Registry.from_file(tmp_path / 'llm.yaml')
+    try:
+        watch = ConfigWatch(registry, tmp_path / 'llm.yaml')
+        assert registry['T'].invoke('hi')['text'].startswith('echo: hi')
+        response = tmp_path / 'chat-completions.response.j2'
+        response.write_text('{"choices": [{"message": {"content": "edited"}}]}')
+        watch.scan()
+        watch.scan()                    # a change is taken once it has settled
+        assert registry['T'].invoke('hi')['text'] == 'edited'
+        response.write_text('{% if %}')
+        watch.scan()
+        watch.scan()
+        assert 'chat-completions.response.j2) line 1' in watch.status()['last_error']
+        assert registry['T'].invoke('hi')['text'] == 'edited'     # the last good one keeps serving
+    finally:
+        registry.close()
