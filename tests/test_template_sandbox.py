@@ -61,6 +61,8 @@ PAYLOADS = [
     "{{ 'a' * 100000000 }}",
     "{{ [1] * 100000000 }}",
     "{{ 9 ** 99999999 }}",
+    "{{ (10 ** 4000) ** 4000 }}",
+    "{% set n = namespace(v=10) %}{% for i in [1] * 40 %}{% set n.v = n.v * n.v %}{% endfor %}{{ n.v }}",
     "{{ range(100000000)|list }}",
     "{% include '/etc/passwd' %}",
     "{% import 'os' as os %}",
@@ -111,6 +113,12 @@ def test_reaching_an_internal_attribute_is_reported_as_a_sandbox_refusal(payload
 def test_the_only_global_is_namespace():
     from llmconn.providers.template import environment
     assert set(environment().globals) == {'namespace'}
+
+
+def test_ordinary_arithmetic_still_works():
+    assert provider('{"a": {{ 2 ** 10 }}, "b": {{ -3 * 4 }}, "c": {{ 2.5 ** 2 }}, "d": {{ ("ab" * 3) | tojson }}, '
+                    '"e": {{ [0] * 2 }}, "f": {{ 2 ** -1 }}}').build_request(Request('hi')) == \
+        {'a': 1024, 'b': -12, 'c': 6.25, 'd': 'ababab', 'e': [0, 0], 'f': 0.5}
 
 
 def test_building_lists_as_the_seed_adapters_do_still_works():

@@ -58,7 +58,7 @@ RESPONSE = 'response_template'
 MAX_TEMPLATE_FILE_BYTES = 1 << 20
 MAX_EXTRAS_CHARS = 64 * 1024    # extras are stored with every turn and sent back while it is in the window
 MAX_REPEAT = 1_000_000          # items a sequence may be repeated to with ``*``
-MAX_EXPONENT = 4096             # ``2 ** 10 ** 9`` would hold a worker for minutes
+MAX_INT_BITS = 1 << 16          # ``9 ** 10 ** 9`` or repeated squaring would hold a worker for minutes
 SHOWN_CHARS = 200               # of a rendered text quoted in an error
 MESSAGE_FIELDS = ('role', 'content')
 _header_name = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -75,14 +75,16 @@ class TemplateSandbox(SandboxedEnvironment):
         raise SecurityError(f'access to attribute {attribute!r} of a value of type {type(obj).__name__}')
 
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
-        if operator == '*':
+        # Loops can still build large values; these are the one-expression blow-ups.
+        if isinstance(left, int) and isinstance(right, int):
+            bits = left.bit_length() + right.bit_length() if operator == '*' else left.bit_length() * right
+            if bits > MAX_INT_BITS:
+                raise SecurityError(f'an integer of more than {MAX_INT_BITS} bits')
+        elif operator == '*':
             for seq, times in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and len(seq) * times > MAX_REPEAT:
                     raise SecurityError(f'a value repeated to more than {MAX_REPEAT} items')
-            return left * right
-        if isinstance(left, int) and isinstance(right, int) and abs(right) > MAX_EXPONENT:
-            raise SecurityError(f'an exponent above {MAX_EXPONENT}')
-        return left ** right
+        return left * right if operator == '*' else left ** right
 
 
 @pass_eval_context
