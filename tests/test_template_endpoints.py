@@ -307,3 +307,9 @@ def test_editing_a_template_file_reloads_the_configuration(tmp_path, provider):
         assert registry['T'].invoke('hi')['text'] == 'edited'     # the last good one keeps serving
     finally:
         registry.close()
+
+
+def test_the_memory_evaluation_refuses_a_connection_that_is_not_a_template():
+    done = subprocess.run([sys.executable, '-m', 'llmconn.testing.template_eval', '--config', 'etc/llm.yaml',
+                           '--name', 'My Responses'], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and 'is provider openai-responses' in done.stderr

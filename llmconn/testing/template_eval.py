@@ -64,6 +64,10 @@ def record_bodies(conn) -> list:
 
 def evaluate(conn, chat_id: str = '') -> list[Check]:
     """Run the three turns on ``conn`` (a fresh chat unless ``chat_id``) and return the checks."""
+    from llmconn.errors import InvalidInput
+    if not conn.provider.raw_answers:
+        raise InvalidInput(f'{conn.name} is provider {conn.conf.provider}; the memory evaluation is for '
+                           f'provider: template connections')
     chat_id = chat_id or f'memory-eval-{secrets.token_hex(6)}'
     word = f'lark-{secrets.token_hex(3)}'
     sent = record_bodies(conn)
