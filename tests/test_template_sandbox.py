@@ -111,7 +111,7 @@ def test_reaching_an_internal_attribute_is_reported_as_a_sandbox_refusal(payload
 
 
 def test_the_only_global_is_namespace():
-    from llmconn.providers.template import environment
+    from llmconn.providers.template_sandbox import environment
     assert set(environment().globals) == {'namespace'}
 
 
