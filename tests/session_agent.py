@@ -2,7 +2,7 @@
 
     POST /run  {"agent": str, "session_id": str (absent: a new session), "input": str, "instructions": str}
     200        {"session_id": str, "reply": str, "usage": {"prompt_tokens": n, "completion_tokens": m}}
-    404        {"error": "unknown session ..."}
+    404        {"error": "session ... not found"}
 
 The reply is the fake providers' echo (``reply_text``) over the session's user
 messages, so a test reads from it what the agent remembered. ``received``
@@ -50,7 +50,7 @@ class SessionAgent(ThreadingHTTPServer):
                 session_id = f'sess_{uuid.uuid4().hex[:12]}'
                 self.sessions[session_id] = []
             elif session_id not in self.sessions:
-                return 404, {'error': f'unknown session {session_id}'}
+                return 404, {'error': f'session {session_id} not found'}
             users = self.sessions[session_id]
             users.append(body['input'])
             text = reply_text(users, bool(body.get('instructions')))

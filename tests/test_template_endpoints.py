@@ -128,14 +128,21 @@ def test_an_endpoint_error_saves_nothing_and_a_retried_one_is_seen_only_once(mak
     assert [m['content'] for m in conn.history('e')][::2] == ['first', 'second']
 
 
-def test_a_forgotten_previous_response_is_a_clear_error_and_history_is_untouched(make, provider):
+def test_a_forgotten_previous_response_restarts_the_chain_from_the_local_window(make, provider):
     import requests
     conn = make('openai-responses', provider.url + '/v1/responses')
     first = conn.chat('one', chat_id='f')
     assert requests.delete(f'{provider.url}/v1/responses/{first["raw"]["id"]}', timeout=5).status_code == 200
-    with pytest.raises(LLMError, match='HTTP 400.*not found'):
-        conn.chat('two', chat_id='f')
-    assert len(conn.history('f')) == 2
+    second = conn.chat('two', chat_id='f')
+    # The dead id was refused, then the window went again as plain messages, and a new chain began.
+    refused, reseeded = bodies(provider, '/v1/responses')[1:]
+    assert refused['previous_response_id'] == first['raw']['id']
+    assert 'previous_response_id' not in reseeded and [m['content'] for m in reseeded['input']] == \
+        ['one', first['text'], 'two']
+    assert users_seen(second) == 2
+    assert conn.store.history(conn.name, 'f')[-1].meta == {'response_id': second['raw']['id']}
+    assert users_seen(conn.chat('three', chat_id='f')) == 3
+    assert bodies(provider, '/v1/responses')[-1]['previous_response_id'] == second['raw']['id']
 
 
 def test_template_syntax_in_what_users_and_providers_say_stays_text(make, provider):
@@ -208,10 +215,11 @@ def test_the_session_agent_template_continues_the_agents_session(make, agent):
     assert second['session_id'] == third['session_id'] == session and third['input'] == 'recall: first?'
     assert replies[2]['text'].endswith('users: 3 | previous: again | system: yes | first: hello')
     assert [t.meta for t in conn.store.history(conn.name, 'a')] == [{'session_id': session}] * 3
-    agent.sessions.clear()                    # the platform forgot the session
-    with pytest.raises(LLMError, match='HTTP 404.*unknown session'):
-        conn.chat('lost', chat_id='a')
-    assert len(conn.history('a')) == 6
+    agent.sessions.clear()                    # the platform forgot the session: a new one starts
+    assert conn.chat('lost', chat_id='a')['text'].startswith('echo: lost | users: 1')
+    assert agent.received[-2]['session_id'] == session and 'session_id' not in agent.received[-1]
+    assert conn.store.history(conn.name, 'a')[-1].meta['session_id'] != session
+    assert len(conn.history('a')) == 8
 
 
 # ---- across processes, the shipped configuration, the memory evaluation
