@@ -247,21 +247,19 @@ def test_a_template_chat_continues_across_two_processes_on_a_real_redis(redis_ur
     assert all(len(body['input']) == 1 for body in sent)
 
 
-def test_llmconn_check_loads_the_shipped_templates():
-    done = subprocess.run([sys.executable, '-m', 'llmconn', 'check', 'etc/llm.yaml'], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    listed = [line for line in done.stdout.splitlines() if 'provider=template' in line]
-    assert len(listed) == 3, done.stdout
+def test_llmconn_check_loads_the_shipped_templates(capsys):
+    from llmconn.cli import main
+    assert main(['check', str(ROOT / 'etc' / 'llm.yaml')]) == 0
+    listed = [line for line in capsys.readouterr().out.splitlines() if 'provider=template' in line]
+    assert len(listed) == 3, listed
 
 
 @pytest.mark.parametrize('name', ['Responses Template', 'Responses Simple'])
-def test_the_shipped_connections_hold_a_conversation_against_the_fake(provider, name):
-    env = dict(os.environ, OPENAI_BASE_URL=f'{provider.url}/v1', OPENAI_API_KEY='sk-fake')
-    done = subprocess.run([sys.executable, '-m', 'llmconn.testing.template_eval', '--config', 'etc/llm.yaml',
-                           '--name', name], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count('PASS') == 5
+def test_the_shipped_connections_hold_a_conversation_against_the_fake(provider, name, monkeypatch, capsys):
+    monkeypatch.setenv('OPENAI_BASE_URL', f'{provider.url}/v1')
+    monkeypatch.setenv('OPENAI_API_KEY', 'sk-fake')
+    assert template_eval.main(['--config', str(ROOT / 'etc' / 'llm.yaml'), '--name', name]) == 0
+    assert capsys.readouterr().out.count('PASS') == 5
     assert all(r['headers'].get('authorization') == 'Bearer sk-fake' for r in provider.requests)
 
 
@@ -317,7 +315,6 @@ def test_editing_a_template_file_reloads_the_configuration(tmp_path, provider):
         registry.close()
 
 
-def test_the_memory_evaluation_refuses_a_connection_that_is_not_a_template():
-    done = subprocess.run([sys.executable, '-m', 'llmconn.testing.template_eval', '--config', 'etc/llm.yaml',
-                           '--name', 'My Responses'], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1 and 'is provider openai-responses' in done.stderr
+def test_the_memory_evaluation_refuses_a_connection_that_is_not_a_template(capsys):
+    assert template_eval.main(['--config', str(ROOT / 'etc' / 'llm.yaml'), '--name', 'My Responses']) == 1
+    assert 'is provider openai-responses' in capsys.readouterr().err
