@@ -269,3 +269,14 @@ def test_a_lone_surrogate_the_endpoint_escapes_never_reaches_the_store():
                                           '{"content": {{ r.text | tojson }}, "id": {{ r.text | tojson }}}}]}')
     reply = provider.done(provider.parse_response(answer('{"text": "a\\ud800b"}'))).reply
     assert reply.text == 'a\ufffdb' and reply.meta == {'id': 'a\ufffdb'}
+
+
+def test_llmconn_check_reports_a_broken_template_with_its_file_and_line(tmp_path, capsys):
+    from llmconn.cli import main
+    (tmp_path / 'req.j2').write_text('{\n  "input": {{ input.messages | tojson }\n}')
+    (tmp_path / 'llm.yaml').write_text(
+        'llm:\n  - {name: Broken, provider: template, model: m, address: "http://127.0.0.1:9/x",\n'
+        '     request_template_file: req.j2, response_template: "{}"}\n')
+    assert main(['check', str(tmp_path / 'llm.yaml')]) == 1
+    err = capsys.readouterr().err
+    assert 'connection "Broken": request_template (req.j2) line 2:' in err
