@@ -27,6 +27,7 @@ from llmconn.store import lock as mod_lock
 from llmconn.store.keys import ChatKeys, chat_keys
 from llmconn.store.lock import TURN_SEPARATOR, ChatLock
 from llmconn.store.renewer import LockRenewer
+from llmconn.store.urls import CLUSTER
 from llmconn.types import Turn
 
 if TYPE_CHECKING:
@@ -154,6 +155,16 @@ class ChatStore:
             self._runner.client.delete(chat_keys(conn_name, chat_id).turns)
         except _REDIS_ERRORS as exc:
             raise self._error(exc) from exc
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client for commands off the hot path (usage ledger, admin commands)."""
+        return self._runner.client
+
+    @property
+    def cluster(self) -> bool:
+        """A Redis Cluster: a script may write only keys of its chat's slot."""
+        return self._target.kind == CLUSTER
 
     def ping(self) -> None:
         """Raise :class:`StoreError` unless Redis answers."""
