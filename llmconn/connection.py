@@ -22,6 +22,7 @@ import time as mod_time
 from dataclasses import replace
 from typing import Any, Iterator
 
+from llmconn import observe
 from llmconn.config import ConnectionConfig
 from llmconn.errors import InactiveConnection, InvalidInput, LLMError
 from llmconn.providers import PROVIDERS
@@ -108,7 +109,7 @@ class Connection:
         _check_text(text)
         _check_chat_id(chat_id, required=False)
         _check_params(params)
-        return self._pipeline(text, chat_id, self._system(skill), params, stream)
+        return observe.call(self.name, self._pipeline(text, chat_id, self._system(skill), params, stream))
 
     def _pipeline(self, text: str, chat_id: str, system: str, params: dict, stream: bool) -> Iterator[Event]:
         if not chat_id:

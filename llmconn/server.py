@@ -58,6 +58,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--grace', type=float, default=SHUTDOWN_GRACE,
                         help=f'seconds in-flight requests get to finish on SIGTERM (default {SHUTDOWN_GRACE:g})')
     parser.add_argument('--log-level', default='INFO', choices=['DEBUG', 'INFO', 'WARNING', 'ERROR'])
+    parser.add_argument('--log-format', default='text', choices=['text', 'json'],
+                        help='text lines, or one JSON object per line (default text); see llmconn.logs')
+    parser.add_argument('--metrics', default=True, action=argparse.BooleanOptionalAction,
+                        help='count and serve Prometheus metrics at GET /metrics (default on); see llmconn.metrics')
     # Internal: set on the workers of --workers N so they can share one port.
     parser.add_argument('--reuse-port', action='store_true', help=argparse.SUPPRESS)
 
@@ -113,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _argv(args: argparse.Namespace, reuse_port: bool) -> list[str]:
     argv = ['--config', args.config, '--services', args.services, '--host', args.host, '--port', str(args.port),
-            '--grace', str(args.grace), '--log-level', args.log_level]
+            '--grace', str(args.grace), '--log-level', args.log_level, '--log-format', args.log_format,
+            '--metrics' if args.metrics else '--no-metrics']
     return argv + (['--reuse-port'] if reuse_port else [])
 
 
@@ -124,17 +129,20 @@ def _serve(args: argparse.Namespace) -> int:
     from gevent.pool import Pool
     from gevent.pywsgi import WSGIServer
 
+    from llmconn import logs, observe
     from llmconn.deploy import Host
     from llmconn.errors import ConfigError
     from llmconn.wsgi import App
 
-    logging.basicConfig(level=args.log_level, format='%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s')
+    logs.configure(args.log_format, args.log_level)
+    observe.install_server(metrics=args.metrics, shared=args.reuse_port)
     try:
         host = Host.from_paths(args.config, args.services)
         listener = listen(args.host, args.port, reuse_port=args.reuse_port)
     except (ConfigError, OSError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 1
+    logs.hide_secrets(host.registry)
     host.start()
     app = App(host)
     server = WSGIServer(listener, app, spawn=Pool(), log=None, error_log=logger)
@@ -196,8 +204,12 @@ def listen(host: str, port: int, reuse_port: bool = False):
 
 def _supervise(args: argparse.Namespace) -> int:
     """N worker processes on one port; SIGTERM/SIGINT are passed on, a dead worker is restarted."""
+    from llmconn import logs
+    logs.configure(args.log_format, args.log_level)
     argv = serve_command(_argv(args, reuse_port=True))
-    workers = [(subprocess.Popen(argv), mod_time.monotonic()) for _ in range(args.workers)]
+    shared = _metrics_dir(args)
+    env = shared.env() if shared else None
+    workers = [(subprocess.Popen(argv, env=env), mod_time.monotonic()) for _ in range(args.workers)]
     stopping = False
 
     def stop_all(signum=None, frame=None) -> None:
@@ -216,11 +228,23 @@ def _supervise(args: argparse.Namespace) -> int:
             if proc.poll() is None or stopping:
                 continue
             if mod_time.monotonic() - started < STARTUP_WINDOW:
-                print(f'error: worker {proc.pid} could not start (exit code {proc.returncode})', file=sys.stderr)
+                logger.error('worker %d could not start (exit code %s)', proc.pid, proc.returncode)
                 failed = proc.returncode or 1
                 stop_all()
                 break
-            print(f'worker {proc.pid} exited with {proc.returncode}; restarting it', file=sys.stderr)
+            logger.warning('worker %d exited with %s; restarting it', proc.pid, proc.returncode)
+            if shared:
+                shared.worker_exited(proc.pid)
             mod_time.sleep(RESPAWN_DELAY)
-            workers[index] = (subprocess.Popen(argv), mod_time.monotonic())
+            workers[index] = (subprocess.Popen(argv, env=env), mod_time.monotonic())
+    if shared:
+        shared.remove()
     return failed
+
+
+def _metrics_dir(args: argparse.Namespace):
+    """The workers' shared metrics directory (see llmconn.metrics), or None with --no-metrics."""
+    if not args.metrics:
+        return None
+    from llmconn.metrics import MultiprocessDir
+    return MultiprocessDir()

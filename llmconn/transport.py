@@ -30,6 +30,7 @@ from typing import Any, Iterator
 import requests
 from requests.adapters import HTTPAdapter
 
+from llmconn import observe
 from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
 from llmconn.providers.base import JSON_BODY, SSE
 from llmconn.redact import scrub
@@ -101,10 +102,12 @@ class Transport:
         data = None if body is None else json.dumps(body, ensure_ascii=False).encode('utf-8')
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
+            started = mod_time.perf_counter()
             try:
                 response = self.session.send(self._prepare(method, url, headers, data),
                                              timeout=self.timeout, stream=stream)
             except requests.Timeout as e:
+                observe.provider_call(self.name, 'timeout', started, attempt)
                 if isinstance(e, requests.ConnectTimeout) and not last:
                     self.sleep(self._backoff(attempt))
                     continue
@@ -112,11 +115,13 @@ class Transport:
                                               f'{self.timeout[1]} s; raise "timeout" or check the provider'),
                                  connection=self.name) from None
             except requests.RequestException as e:
+                observe.provider_call(self.name, 'unreachable', started, attempt)
                 if isinstance(e, requests.ConnectionError) and not last:
                     self.sleep(self._backoff(attempt))
                     continue
                 raise self._error(f'cannot reach the provider ({type(e).__name__}); check "address" '
                                   f'and that the provider is up') from None
+            observe.provider_call(self.name, response.status_code, started, attempt)
             if response.status_code < 400:
                 return response
             wait = self._retry_wait(response, attempt)

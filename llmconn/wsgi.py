@@ -15,9 +15,11 @@ import hmac
 import json
 import logging
 import time as mod_time
+from functools import partial
 from http import HTTPStatus
 from typing import Any, Iterable, Iterator
 
+from llmconn import logs, observe
 from llmconn.errors import ChatBusy, InvalidInput, LLMConnError, LLMError, StoreError
 from llmconn.service import ServiceError, UnknownService, new_cid, run
 
@@ -27,6 +29,7 @@ MAX_BODY_BYTES = 10 * 1024 * 1024   # a request body above this is refused with 
 CHAT_BUSY_RETRY_AFTER = 1           # seconds a client is told to wait when a chat is busy
 CID_HEADER = 'X-Cid'
 _JSON = 'application/json'
+ROUTES = ('health', 'services', 'metrics')     # the host's own paths, besides the deployed services
 _SSE_HEADERS = [('Content-Type', 'text/event-stream; charset=utf-8'), ('Cache-Control', 'no-cache'),
                 # Reverse proxies (nginx) would otherwise buffer the stream and defeat it.
                 ('X-Accel-Buffering', 'no')]
@@ -51,8 +54,8 @@ class App:
 
     def __call__(self, environ: dict, start_response) -> Iterable[bytes]:
         cid = new_cid()
-        started = mod_time.perf_counter()
         method, path = environ['REQUEST_METHOD'], environ.get('PATH_INFO') or '/'
+        tally = observe.start_request(cid, method, path)
         self.active += 1
         try:
             status, headers, body = self._dispatch(environ, method, path, cid)
@@ -62,15 +65,25 @@ class App:
         if self.draining:
             headers.append(('Connection', 'close'))
         start_response(_status_line(status), headers)
-        logger.info('%s %s %d %.1fms cid=%s', method, path, status, (mod_time.perf_counter() - started) * 1000, cid)
-        return _Tracked(body, self._finished)
+        tally.status, tally.service = status, self._label(path)
+        return _Tracked(body, partial(self._finished, tally))
 
-    def _finished(self) -> None:
+    def _finished(self, tally: observe.RequestTally) -> None:
         self.active -= 1
+        observe.finish_request(tally)
+        logs.access(logger, tally)      # when the last byte is sent: a stream's line has its tokens
+
+    def _label(self, path: str) -> str:
+        """The path's service name for metrics, or '' when it names none (bounded: not the client's to choose)."""
+        name = path.strip('/')
+        return name if name in self.host.deployer.services or name in ROUTES else ''
 
     def _dispatch(self, environ: dict, method: str, path: str, cid: str) -> tuple:
-        self._check_api_key(environ)
         name = path.strip('/')
+        if name == 'metrics':       # a scraper may hold a key of its own: see llmconn.metrics.respond
+            from llmconn.metrics import respond
+            return respond(self, environ, method)
+        self._check_api_key(environ)
         if name in ('health', 'services'):
             if method != 'GET':
                 raise HTTPFailure(405, f'use GET for /{name}', [('Allow', 'GET')])
@@ -99,8 +112,8 @@ class App:
         keys = self.host.registry.config.server.api_keys
         return [k.get_secret_value().encode() for k in keys if k.get_secret_value()]
 
-    def _check_api_key(self, environ: dict) -> None:
-        keys = self._api_keys()
+    def _check_api_key(self, environ: dict, extra: tuple = ()) -> None:
+        keys = self._api_keys() + [k.encode() for k in extra if k]
         if not keys:
             return
         given = environ.get('HTTP_X_API_KEY', '')

@@ -22,6 +22,7 @@ from redis.exceptions import AuthenticationError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from llmconn import observe
 from llmconn.errors import ChatBusy, StoreError
 from llmconn.store import scripts
 from llmconn.store.keys import ChatKeys, chat_keys
@@ -86,6 +87,8 @@ class ChatStore:
         taken, value = self._run(self._begin, (keys.lock, keys.turns, keys.waiting), args)
         if not taken:
             value = self._wait(keys, args, value, lock_wait, conn_name, chat_id)
+        else:
+            observe.lock_waited(conn_name, 0.0)
         lock = ChatLock(self, keys, token, ttl_ms, self._turns.decode(value))
         self._held[token] = lock
         return lock
@@ -112,6 +115,7 @@ class ChatStore:
             ticket = woken[1] if woken else b''
             taken, value = self._run(self._begin, (keys.lock, keys.turns, keys.waiting), args[:3] + (ticket,))
             if taken:
+                observe.lock_waited(conn_name, self._clock() - deadline + lock_wait)
                 return value
             pttl = value
 
@@ -192,6 +196,7 @@ class ChatStore:
 
     def _error(self, exc: RedisError) -> StoreError:
         """The one translation of a redis exception, with what to do next and no password."""
+        observe.store_error(exc)
         if isinstance(exc, NoConnectionAvailable):
             hint = 'too many chat calls wait on Redis at once in this process; is Redis overloaded?'
         elif isinstance(exc, AuthenticationError):
