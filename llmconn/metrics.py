@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client import multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from llmconn.errors import ConfigError
 from llmconn.observe import Observer, RequestTally
 
 MULTIPROC_ENV = 'PROMETHEUS_MULTIPROC_DIR'
@@ -139,7 +140,13 @@ class MultiprocessDir:
     """
 
     def __init__(self) -> None:
-        self.path = tempfile.mkdtemp(prefix='llmconn-metrics-', dir=os.environ.get(MULTIPROC_ENV) or None)
+        parent = os.environ.get(MULTIPROC_ENV) or None
+        try:
+            self.path = tempfile.mkdtemp(prefix='llmconn-metrics-', dir=parent)
+        except OSError as e:
+            raise ConfigError(f'cannot create the workers\' metrics directory in {MULTIPROC_ENV}={parent} '
+                              f'({e.strerror}); create that directory, make it writable, or unset the variable '
+                              f'(or run with --no-metrics)') from None
 
     def env(self) -> dict:
         """The environment of a worker."""

@@ -349,3 +349,25 @@ def test_observer_hooks_see_a_stream_closed_early_and_close_the_pipeline():
     finally:
         observe.install(None)
     assert closed == [True]
+
+
+def test_a_dead_workers_live_gauges_go_and_its_counters_stay(tmp_path, monkeypatch):
+    from llmconn.metrics import MultiprocessDir
+    monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(tmp_path))
+    shared = MultiprocessDir()
+    assert Path(shared.path).parent == tmp_path and shared.env()['PROMETHEUS_MULTIPROC_DIR'] == shared.path
+    for name in ('counter_123.db', 'histogram_123.db', 'gauge_livemostrecent_123.db', 'gauge_livemostrecent_456.db'):
+        (Path(shared.path) / name).write_bytes(b'')
+    shared.worker_exited(123)
+    assert sorted(p.name for p in Path(shared.path).iterdir()) == [
+        'counter_123.db', 'gauge_livemostrecent_456.db', 'histogram_123.db']
+    shared.remove()
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_unusable_multiprocess_directory_is_a_clear_error(tmp_path, monkeypatch):
+    from llmconn.errors import ConfigError
+    from llmconn.metrics import MultiprocessDir
+    monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(tmp_path / 'missing'))
+    with pytest.raises(ConfigError, match='create that directory.*--no-metrics'):
+        MultiprocessDir()
