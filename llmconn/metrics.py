@@ -160,7 +160,7 @@ class MultiprocessDir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def respond(app, environ: dict, method: str) -> tuple:
+def respond(app, environ: dict) -> tuple:
     """``GET /metrics`` of the WSGI app: (status, headers, body).
 
     Who may read it, as an operator would want: when the server requires API
@@ -173,11 +173,9 @@ def respond(app, environ: dict, method: str) -> tuple:
     """
     from llmconn.logs import METRICS_KEY_ENV
     from llmconn.observe import installed
-    from llmconn.wsgi import HTTPFailure
+    from llmconn.responses import HTTPFailure
 
     app._check_api_key(environ, extra=(os.environ.get(METRICS_KEY_ENV, ''),))
-    if method != 'GET':
-        raise HTTPFailure(405, 'use GET for /metrics', [('Allow', 'GET')])
     observer = installed()
     if not isinstance(observer, Metrics):
         raise HTTPFailure(404, 'metrics are off on this server (--no-metrics); start it without that flag')
