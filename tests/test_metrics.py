@@ -245,20 +245,12 @@ def test_metrics_of_a_worker_that_died_are_kept(setup, provider):
 
     try:
         victim = next(iter(pids()))
-        # The supervisor restarts only a worker that ran past its startup window (5 s).
-        threading.Event().wait(max(0.0, 5.5 - _age(victim)))
-        os.kill(victim, signal.SIGKILL)
+        os.kill(victim, signal.SIGKILL)         # killed by a signal: the supervisor restarts it
         wait_for(lambda: (lambda seen: victim not in seen and len(seen) == 2)(pids()), timeout=30)
         samples = scrape(url)
     finally:
         stop(proc)
     assert value(samples, 'llmconn_requests_total', service='test.pid', status='200') == len(answered)
-
-
-def _age(pid):
-    """Seconds since process ``pid`` started."""
-    started = int(Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[19]) / os.sysconf('SC_CLK_TCK')
-    return float(Path('/proc/uptime').read_text().split()[0]) - started
 
 
 def test_metrics_need_a_key_when_the_server_has_keys_and_accept_the_metrics_only_key(tmp_path, provider,
@@ -320,7 +312,8 @@ with FakeProviderServer() as fake:
     conn = registry['C']
     conn.chat('hello', chat_id='one')
     events = conn.stream('hello', chat_id='one')
-    assert type(events).__name__ == 'generator' and events.gi_code.co_name == '_pipeline', events
+    inner = getattr(events, '_events', events)      # inside the reload's in-flight count, if any
+    assert type(inner).__name__ == 'generator' and inner.gi_code.co_name == '_pipeline', inner
     list(events)
     registry.close()
 assert observe.installed() is None
