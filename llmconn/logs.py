@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time as mod_time
 from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
@@ -56,7 +57,37 @@ def configure(fmt: str = 'text', level: str = 'INFO', stream=None) -> logging.Ha
     root.addHandler(handler)
     root.setLevel(level)
     logging.captureWarnings(True)
+    _route_uncaught_errors()
     return handler
+
+
+def _route_uncaught_errors() -> None:
+    """Tracebacks nobody caught (a thread's, a greenlet's) go through the log too, not raw to stderr.
+
+    A raw traceback would break a JSON log into lines that are not JSON, and
+    would not be scrubbed of secrets.
+    """
+    errors = logging.getLogger('llmconn.errors')
+
+    def thread_failed(info) -> None:
+        errors.error('Uncaught error in thread %s', getattr(info.thread, 'name', '?'),
+                     exc_info=(info.exc_type, info.exc_value, info.exc_traceback))
+
+    threading.excepthook = thread_failed
+    if 'gevent' in sys.modules:         # the server process; the supervisor never imports gevent
+        import gevent
+
+        def greenlet_failed(context, kind, value, tb) -> None:
+            errors.error('Uncaught error in %s', _describe(context), exc_info=(kind, value, tb))
+
+        gevent.get_hub().print_exception = greenlet_failed
+
+
+def _describe(context: Any) -> str:
+    try:
+        return str(context)[:200]
+    except Exception:
+        return type(context).__name__
 
 
 def hide_secrets(registry: Any) -> None:

@@ -152,3 +152,28 @@ def test_short_secrets_are_not_masked_so_lines_stay_readable():
 def test_unknown_log_format_is_refused():
     with pytest.raises(ValueError, match='text, json'):
         logs.configure('xml', stream=io.StringIO())
+
+
+def test_uncaught_errors_of_greenlets_and_threads_become_log_lines(monkeypatch):
+    import threading
+
+    import gevent
+    hub = gevent.get_hub()
+    monkeypatch.setattr(threading, 'excepthook', threading.excepthook)
+    monkeypatch.setattr(hub, 'print_exception', hub.print_exception)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, 'handlers', list(root.handlers))
+    monkeypatch.setattr(root, 'level', root.level)
+    out = io.StringIO()
+    logs.configure('json', stream=out)
+
+    def fail(what):
+        raise RuntimeError(f'{what} fell over')
+
+    gevent.spawn(fail, 'greenlet').join()
+    thread = threading.Thread(target=fail, args=('thread',))
+    thread.start()
+    thread.join()
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [line['level'] for line in lines] == ['ERROR', 'ERROR']
+    assert 'greenlet fell over' in lines[0]['exc'] and 'thread fell over' in lines[1]['exc']
