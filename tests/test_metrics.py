@@ -21,7 +21,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmconn import observe
-from llmconn.demo import start_server, stop, wait_until_up
+from llmconn.demo import start_server, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = 'metrics-test-api-key-7f3a'
