@@ -191,12 +191,12 @@ def _services(app: App, environ: dict, cid: str) -> tuple:
         'store': {'shared': bool(getattr(registry.store, 'shared', False))}})
 
 
-# The host's own paths; everything else is a service name. Add an entry to add a route.
 def _metrics(app: App, environ: dict, cid: str) -> tuple:
     from llmconn.metrics import respond     # not imported until scraped: prometheus_client stays unloaded
     return respond(app, environ)
 
 
+# The host's own paths; everything else is a service name. Add an entry to add a route.
 ROUTES: dict[str, Route] = {
     'health': Route(_health, public=True),
     'ready': Route(_ready, public=True),
