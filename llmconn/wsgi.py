@@ -69,6 +69,8 @@ class App:
         self.active -= 1
 
     def _dispatch(self, environ: dict, method: str, path: str, cid: str) -> tuple:
+        if path.startswith(GATEWAY_PREFIX) and self.host.registry.config.gateway.enabled:
+            return _gateway(self.host.registry, environ, method, path, cid)
         self._check_api_key(environ)
         name = path.strip('/')
         if name in ('health', 'services'):
@@ -135,6 +137,18 @@ class App:
                              for d in deployed],
                 'files': self.host.deployer.status(),
                 'config': self.host.config.status() if self.host.config else None}
+
+
+# ---- the OpenAI-compatible gateway (llmconn.gateway): /v1/... when gateway.keys are configured.
+# It authenticates with its own keys and answers in OpenAI's error shape, so it is routed before the
+# host's API key check.
+
+GATEWAY_PREFIX = '/v1/'
+
+
+def _gateway(registry: Any, environ: dict, method: str, path: str, cid: str) -> tuple:
+    from llmconn.gateway.routes import handle      # only servers that enable the gateway load it
+    return handle(registry, environ, method, path, cid)
 
 
 class _Tracked:
