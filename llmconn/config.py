@@ -143,6 +143,11 @@ class Config(_Frozen):
     base_dir: Path = Path('.')
     source: str = '<dict>'
 
+    @model_validator(mode='after')
+    def _gateway_models(self) -> 'Config':
+        self.gateway.check_models({conn.name for conn in self.llm})
+        return self
+
     @property
     def skills_path(self) -> Path:
         return (self.base_dir / self.skills_dir).resolve()

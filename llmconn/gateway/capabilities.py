@@ -138,7 +138,9 @@ def _is_text_format(value: Any) -> bool:
 
 _STRUCTURAL_RESPONSES = [
     Field('model', _same(NATIVE, 'names a connection'), structural=True),
-    Field('input', _same(NATIVE, 'text and message items; images, files and tool items are refused'),
+    Field('input', _same(NATIVE, 'text and message items; images, files and tool items are refused; a system '
+                                 'message after the first turn or two of one role in a row are the losses '
+                                 'system_messages_hoisted and messages_merged'),
           structural=True),
     Field('instructions', _same(NATIVE, 'system prompt; never carried over to the next response'),
           structural=True),
@@ -177,9 +179,8 @@ RESPONSES_FIELDS: dict[str, Field] = {f.name: f for f in _STRUCTURAL_RESPONSES +
     Field('safety_identifier', _hints('safety_identifier')),
     Field('prompt_cache_key', _hints('prompt_cache_key')),
     Field('service_tier', _hints('service_tier'), trivial=lambda v: v in (None, 'auto')),
-    Field('include', {'openai-responses': Support(NATIVE, to_params=_param('include')),
-                      **{k: Support(UNSUPPORTED, loss='include_ignored') for k in ('openai', 'claude', 'gemini')}},
-          trivial=lambda v: not v),
+    Field('include', _same(UNSUPPORTED, 'output items beyond messages and reasoning are not returned',
+                           'include_ignored'), trivial=lambda v: not v),
     Field('top_logprobs', _same(UNSUPPORTED, loss='no_logprobs'), trivial=lambda v: not v),
     Field('background', _same(UNSUPPORTED, 'background responses are not offered'), trivial=lambda v: not v),
     Field('conversation', _same(UNSUPPORTED, 'use previous_response_id')),

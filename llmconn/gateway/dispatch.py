@@ -99,7 +99,7 @@ def _body(gw: Any, call: Call, normalizer: ResponseEvents, events: Iterator, pro
             usage = estimated_usage(normalizer.streamed_chars)
             logger.info('Response %s cancelled by the client after %d streamed characters', call.id,
                         normalizer.streamed_chars)
-            _save_quietly(gw, record(call, 'cancelled', usage, normalizer.output), call)
+            _save_quietly(gw, record(call, 'cancelled', usage, normalizer.partial_output()), call)
 
 
 def _save_quietly(gw: Any, rec: dict, call: Call) -> None:

@@ -144,6 +144,8 @@ def to_conversation(items: list[dict], instructions: str, policy: Policy, resolu
             chat.append(item)
     if not chat or chat[-1]['role'] != 'user':
         raise GatewayError('the conversation must end with a user message', param='input')
+    if not chat[-1]['text'].strip():
+        raise GatewayError('the last user message is empty; send the user\'s text', param='input')
     if chat[0]['role'] != 'user':
         raise GatewayError('the conversation must start with a user message (after any system messages)',
                            param='input')

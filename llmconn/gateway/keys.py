@@ -70,6 +70,14 @@ class GatewayConfig(_Frozen):
             raise ValueError('two gateway keys have the same secret; give each key its own')
         return self
 
+    def check_models(self, connections: set) -> None:
+        """Refuse (at load) a key naming a connection that does not exist: a typo would hide a model."""
+        for key in self.keys:
+            unknown = sorted(set(key.models) - connections - {ALL_MODELS})
+            if unknown:
+                raise ValueError(f'gateway key {key.id!r}: models {", ".join(unknown)} name no connection; '
+                                 f'known connections are {", ".join(sorted(connections)) or "none"}')
+
     @property
     def enabled(self) -> bool:
         return bool(self.keys)

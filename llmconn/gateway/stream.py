@@ -114,6 +114,15 @@ class ResponseEvents:
         self.response = dict(final, output=self.output)
         return out + [self._event('response.failed', response=self.response)]
 
+    def partial_output(self) -> list[dict]:
+        """The items so far, the one still open included (a message as ``incomplete``)."""
+        if self.open is None:
+            return list(self.output)
+        text = ''.join(self.open['parts'])
+        item = reasoning_item(text, self.open['id']) if self.open['kind'] == 'thinking' else \
+            message_item(text, 'incomplete', self.open['id'])
+        return self.output + [item]
+
     def _open(self, kind: str) -> list[dict]:
         index = len(self.output)
         if kind == 'thinking':
