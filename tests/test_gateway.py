@@ -342,3 +342,29 @@ def test_zero_retention_and_store_false_leave_no_prompt_text_in_redis(gw):
     assert refused.value.body['code'] == 'previous_response_not_stored'
     with pytest.raises(openai.NotFoundError):
         gw.client('a').responses.retrieve(unstored.id)
+
+
+def test_hostile_bodies_get_openai_shaped_400s(gw):
+    import requests
+    headers = {'Authorization': 'Bearer sk-gw-tenant-a-secret', 'Content-Type': 'application/json'}
+    bodies = [b'not json', b'[1, 2]', b'{"model": ["Chat"], "input": "x"}', b'{"model": "Chat"}',
+              b'{"model": "Chat", "input": [[[[]]]]}', b'{"model": "Chat", "input": "x", "stream": "yes"}',
+              b'{"model": "Chat", "input": "x", "metadata": {"k": 1}}', b'{"model": "Chat", "input": "   "}',
+              b'{"model": "Chat", "input": "\\ud800"}', b'{"model": "Chat", "input": []}',
+              b'{"model": "Chat", "input": "x", "fallback_policy": "everything"}']
+    gw.fake.clear()
+    for body in bodies:
+        for route in ('responses', 'chat/completions'):
+            answer = requests.post(f'{gw.url()}/{route}', data=body, headers=headers, timeout=10)
+            assert answer.status_code == 400, (route, body, answer.text)
+            error = answer.json()['error']
+            assert error['type'] == 'invalid_request_error' and error['message'], (route, body)
+    assert gw.fake.requests == []
+    assert requests.put(f'{gw.url()}/responses', headers=headers, timeout=10).status_code == 405
+
+
+def test_another_tenant_cannot_delete_a_response(gw):
+    response = create(gw.client('a'), model='Chat', input='mine')
+    with pytest.raises(openai.NotFoundError):
+        gw.client('b').responses.delete(response.id)
+    assert gw.client('a').responses.retrieve(response.id).id == response.id

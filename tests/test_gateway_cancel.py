@@ -119,3 +119,21 @@ def test_a_chat_completion_stream_the_client_leaves_is_counted_cancelled(setup):
         return usage.get(('key-a', 'Slow'), {}).get('cancelled')
 
     assert wait_for(cancelled, 'the cancelled completion to be counted') >= 1
+
+
+def test_a_redis_outage_is_a_503_in_openai_shape_without_a_traceback():
+    stack = GatewayStack(processes=1)
+    try:
+        first = stack.client().responses.create(model='Chat', input='before the outage')
+        stack.redis_server.stop()
+        import openai
+        with pytest.raises(openai.InternalServerError) as failed:
+            stack.client().responses.create(model='Chat', input='during', previous_response_id=first.id)
+        assert failed.value.status_code == 503 and failed.value.body['code'] == 'store_unavailable'
+        assert 'Traceback' not in failed.value.message
+        with pytest.raises(openai.InternalServerError):
+            stack.client().responses.create(model='Chat', input='no state to write')
+        # Chat Completions keep no state: they still answer, and only the usage count is lost.
+        stack.client().chat.completions.create(model='Chat', messages=[{'role': 'user', 'content': 'still here'}])
+    finally:
+        stack.close()

@@ -165,3 +165,26 @@ def test_an_answer_without_deltas_still_has_its_message():
     out = events.finish('whole text', {'id': 'resp_x', 'status': 'incomplete'})
     assert out[-1]['type'] == 'response.incomplete'
     assert events.output[0]['content'][0]['text'] == 'whole text'
+
+
+# ---- stop reasons
+
+class _Conn:
+    def __init__(self, kind):
+        self.conf = type('Conf', (), {'provider': kind, 'state': 'local'})()
+
+
+@pytest.mark.parametrize('kind, raw, expected', [
+    ('claude', {'stop_reason': 'max_tokens'}, ('incomplete', 'max_output_tokens')),
+    ('claude', {'stop_reason': 'end_turn'}, ('completed', '')),
+    ('openai', {'choices': [{'finish_reason': 'length'}]}, ('incomplete', 'max_output_tokens')),
+    ('openai', {'choices': [{'finish_reason': 'stop'}]}, ('completed', '')),
+    ('gemini', {'candidates': [{'finishReason': 'MAX_TOKENS'}]}, ('incomplete', 'max_output_tokens')),
+    ('openai-responses', {'status': 'incomplete', 'incomplete_details': {'reason': 'max_output_tokens'}},
+     ('incomplete', 'max_output_tokens')),
+    ('openai-responses', {'status': 'completed'}, ('completed', '')),
+    ('claude', None, ('completed', '')),
+])
+def test_a_cut_short_answer_is_incomplete_on_every_kind(kind, raw, expected):
+    from llmconn.gateway import backend
+    assert backend.finish(_Conn(kind), raw) == expected
