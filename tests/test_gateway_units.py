@@ -9,7 +9,8 @@ from pydantic import TypeAdapter
 from llmconn import config
 from llmconn.errors import ConfigError, GatewayError
 from llmconn.gateway import capabilities, docs, items, keys
-from llmconn.gateway.capabilities import CHAT, KINDS, LOSSES, RESPONSES, ROUTES, Policy, Resolution, resolve
+from llmconn.gateway.capabilities import CHAT, KINDS, LOSSES, RESPONSES, ROUTES
+from llmconn.gateway.policy import Policy, Resolution, resolve
 from llmconn.gateway.stream import ResponseEvents
 
 SECRET = 'sk-gateway-secret-never-shown'

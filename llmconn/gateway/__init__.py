@@ -6,6 +6,9 @@ into that named loss (``fallback_policy``). Modules, one concern each:
 
     keys.py              gateway keys and tenants (config models, bearer-token lookup)
     capabilities.py      per provider kind: which request fields are native, emulated, unsupported
+    policy.py            a request's fields resolved against it: params, accepted losses, or a 400
+    docs.py              docs/gateway.md's compatibility tables, generated from the matrix
+    dispatch.py          sending a Responses call and recording it, plain or streamed
     items.py             canonical conversation items and how they become a provider request
     backend.py           the one seam between the gateway and a connection's provider
     ledger.py            the state ledger and usage records in Redis

@@ -17,7 +17,8 @@ from typing import Any, Iterator
 
 from llmconn.errors import GatewayError, LLMConnError, StoreError
 from llmconn.gateway import backend, items as mod_items
-from llmconn.gateway.capabilities import CHAT, Policy, resolve
+from llmconn.gateway.capabilities import CHAT
+from llmconn.gateway.policy import Policy, resolve
 from llmconn.gateway.responses import DOWNGRADES_KEY
 from llmconn.gateway.stream import ChatChunks, chat_sse
 

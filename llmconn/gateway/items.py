@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmconn.errors import GatewayError
-from llmconn.gateway.capabilities import Policy, Resolution, check_loss
+from llmconn.gateway.policy import Policy, Resolution, check_loss
 from llmconn.types import Turn
 
 MAX_TEXT_CHARS = 1_000_000          # as a connection's own limit on one message

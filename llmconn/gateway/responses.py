@@ -24,7 +24,8 @@ from typing import Any
 
 from llmconn.errors import GatewayError
 from llmconn.gateway import backend, items as mod_items
-from llmconn.gateway.capabilities import RESPONSES, Policy, resolve
+from llmconn.gateway.capabilities import RESPONSES
+from llmconn.gateway.policy import Policy, resolve
 from llmconn.gateway.ledger import new_response_id
 from llmconn.gateway.stream import message_item, reasoning_item
 
