@@ -189,3 +189,47 @@ class _Conn:
 def test_a_cut_short_answer_is_incomplete_on_every_kind(kind, raw, expected):
     from llmconn.gateway import backend
     assert backend.finish(_Conn(kind), raw) == expected
+
+
+# ---- the ledger's Redis client
+
+def test_a_burst_beyond_the_ledgers_connections_waits_instead_of_failing(redis_url, unique):
+    import threading
+
+    import redis
+
+    from llmconn.gateway import ledger as mod_ledger
+    from llmconn.store import open_store
+
+    store = open_store(redis_url)
+    client = mod_ledger.ledger_client(store)
+    assert isinstance(client.connection_pool, redis.BlockingConnectionPool)
+    book = mod_ledger.Ledger(client)
+    failures, start = [], threading.Barrier(mod_ledger.MAX_CONNECTIONS + 50)
+
+    def save(n):
+        start.wait()
+        try:
+            book.save({'id': mod_ledger.new_response_id(), 'tenant': unique, 'key_id': 'k', 'model': 'm',
+                       'status': 'completed', 'usage': {'input_tokens': 1}, 'created_at': 0}, 5, count_usage=True)
+        except Exception as e:
+            failures.append(e)
+
+    threads = [threading.Thread(target=save, args=(n,)) for n in range(mod_ledger.MAX_CONNECTIONS + 50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert book.usage(unique, '1970-01-01')[('k', 'm')]['requests'] == mod_ledger.MAX_CONNECTIONS + 50
+    client.close()
+    store.close()
+
+
+def test_the_embedded_store_keeps_its_own_client():
+    from llmconn.gateway import ledger as mod_ledger
+    from llmconn.store import open_store
+
+    store = open_store('memory://gateway-test')
+    assert mod_ledger.ledger_client(store) is mod_ledger.store_client(store)
+    store.close()

@@ -32,6 +32,7 @@ import secrets
 import time as mod_time
 from typing import Any, Callable
 
+import redis
 from redis.exceptions import RedisError
 
 from llmconn.errors import StoreError
@@ -40,6 +41,8 @@ RESPONSE_ID_PREFIX = 'resp_'
 _RESPONSE_ID = re.compile(r'^resp_[0-9a-f]{48}$')
 USAGE_EXPIRY = 400 * 86400          # usage counters outlive a year of daily reports
 USAGE_METRICS = ('requests', 'input_tokens', 'output_tokens', 'errors', 'cancelled')
+MAX_CONNECTIONS = 100               # the ledger's connections to Redis, per gateway process
+CONNECTION_WAIT = 5.0               # how long a request waits for one of them before a 503
 
 
 def store_client(store: Any) -> Any:
@@ -49,6 +52,24 @@ def store_client(store: Any) -> Any:
     """
     client = getattr(store, 'client', None)
     return client if client is not None else store._client
+
+
+def ledger_client(store: Any) -> Any:
+    """A client of the store's Redis whose pool makes a burst of requests wait for a connection.
+
+    redis-py's plain pool raises ``MaxConnectionsError`` once its connections are all in use, so
+    500 concurrent gateway requests would fail where they should queue for a moment. For a plain
+    pool the ledger gets a blocking twin (same server and settings); any other client (the embedded
+    ``memory://`` store, Cluster, Sentinel) is used as it is.
+    """
+    client = store_client(store)
+    pool = getattr(client, 'connection_pool', None)
+    # redis-py's own connection classes only: the embedded store's fakeredis pool is a plain pool too.
+    if type(pool) is not redis.ConnectionPool or not pool.connection_class.__module__.startswith('redis.'):
+        return client
+    twin = redis.BlockingConnectionPool(connection_class=pool.connection_class, max_connections=MAX_CONNECTIONS,
+                                        timeout=CONNECTION_WAIT, **pool.connection_kwargs)
+    return redis.Redis(connection_pool=twin)
 
 
 def new_response_id() -> str:

@@ -24,7 +24,7 @@ from llmconn.errors import (GatewayError, InvalidInput, LLMAuthError, LLMConnErr
                             LLMTimeout, StoreError)
 from llmconn.gateway import chat_completions, dispatch, responses
 from llmconn.gateway.keys import GatewayConfig, bearer_token, find_key
-from llmconn.gateway.ledger import Ledger, store_client
+from llmconn.gateway.ledger import Ledger, ledger_client
 
 logger = logging.getLogger('llmconn.gateway')
 
@@ -41,7 +41,7 @@ class Gateway:
 
     def __init__(self, registry: Any) -> None:
         self.registry = registry
-        self.ledger = Ledger(store_client(registry.store))
+        self.ledger = Ledger(ledger_client(registry.store))
 
     @property
     def config(self) -> GatewayConfig:
