@@ -368,3 +368,33 @@ def test_another_tenant_cannot_delete_a_response(gw):
     with pytest.raises(openai.NotFoundError):
         gw.client('b').responses.delete(response.id)
     assert gw.client('a').responses.retrieve(response.id).id == response.id
+
+
+def test_a_provider_failure_is_recorded_and_counted(gw):
+    from llmconn.gateway.ledger import Ledger
+    before = Ledger(gw.redis).usage('tenant-b').get(('key-b', 'Claude'), {}).get('errors', 0)
+    gw.fake.fail(500, count=1)
+    with pytest.raises(openai.InternalServerError) as failed:
+        gw.client('b').responses.create(model='Claude', input='this fails')
+    assert failed.value.status_code == 502 and failed.value.body['code'] == 'backend_error'
+    failed_ids = [k for k in gw.redis.scan_iter('llmconn:gw:resp:*')
+                  if b'"status": "failed"' in gw.redis.get(k) and b'tenant-b' in gw.redis.get(k)]
+    assert failed_ids
+    usage = Ledger(gw.redis).usage('tenant-b')[('key-b', 'Claude')]
+    assert usage['errors'] == before + 1
+
+
+def test_daily_usage_is_attributed_per_tenant_key_and_model(gw):
+    from llmconn.gateway.ledger import Ledger
+    ledger = Ledger(gw.redis)
+    before = ledger.usage('tenant-b').get(('key-b', 'Gemini'), {})
+    response = create(gw.client('b'), model='Gemini', input='one two three')
+    completion = gw.client('b', process=1).chat.completions.create(
+        model='Gemini', messages=[{'role': 'user', 'content': 'four five'}])
+    after = ledger.usage('tenant-b')[('key-b', 'Gemini')]
+    assert after['requests'] - before.get('requests', 0) == 2
+    assert after['input_tokens'] - before.get('input_tokens', 0) == \
+        response.usage.input_tokens + completion.usage.prompt_tokens
+    assert after['output_tokens'] - before.get('output_tokens', 0) == \
+        response.usage.output_tokens + completion.usage.completion_tokens
+    assert ('key-b', 'Gemini') not in ledger.usage('tenant-a')

@@ -131,8 +131,12 @@ def test_a_redis_outage_is_a_503_in_openai_shape_without_a_traceback():
             stack.client().responses.create(model='Chat', input='during', previous_response_id=first.id)
         assert failed.value.status_code == 503 and failed.value.body['code'] == 'store_unavailable'
         assert 'Traceback' not in failed.value.message
+        stack.fake.clear()
         with pytest.raises(openai.InternalServerError):
             stack.client().responses.create(model='Chat', input='no state to write')
+        with pytest.raises(openai.InternalServerError):
+            stack.client().responses.create(model='Chat', input='nor streamed', stream=True)
+        assert stack.fake.requests == []     # found before any token was spent
         # Chat Completions keep no state: they still answer, and only the usage count is lost.
         stack.client().chat.completions.create(model='Chat', messages=[{'role': 'user', 'content': 'still here'}])
     finally:

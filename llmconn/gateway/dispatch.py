@@ -2,8 +2,9 @@
 
 A response's record is saved before its answer goes out: a client that has
 ``response.completed`` (or the JSON body) can continue from its id at once,
-on any gateway process sharing the Redis. A streamed response is recorded
-``in_progress`` first, then ``completed`` / ``incomplete`` / ``failed``; if
+on any gateway process sharing the Redis. A response is recorded
+``in_progress`` first (before the provider is called, so a store outage costs
+no tokens), then ``completed`` / ``incomplete`` / ``failed``; if
 the client goes away mid-stream the server closes the body, which closes
 the provider's stream (its HTTP connection) and records the response
 ``cancelled`` with the usage seen so far (estimated from the streamed text
@@ -37,11 +38,12 @@ def _finished(call: Call, reply: Any) -> tuple[str, str, dict, dict]:
 
 
 def respond(gw: Any, call: Call) -> dict:
-    """A plain (unstreamed) response: call, record, answer."""
+    """A plain (unstreamed) response: record it started, call, record the ending, answer."""
+    gw.ledger.save(record(call, 'in_progress', None, []), call.expiry)     # a store outage costs no tokens
     try:
         reply = next(e for e in _provider_events(call, False) if e.type == 'done').reply
-    except LLMConnError:
-        _count_failure(gw, call)
+    except LLMConnError as e:
+        _record_failure(gw, call, e, [])
         raise
     status, reason, usage, answer = _finished(call, reply)
     output = output_items(reply.thinking, reply.text, status)
@@ -52,18 +54,14 @@ def respond(gw: Any, call: Call) -> dict:
 
 def stream(gw: Any, call: Call) -> Iterator[bytes]:
     """The SSE body of a streamed response; the provider is reached (and may refuse) before this returns."""
+    gw.ledger.save(record(call, 'in_progress', None, []), call.expiry)
     events = _provider_events(call, True)
     try:
         first = next(events)
-    except LLMConnError:
-        _count_failure(gw, call)
+    except LLMConnError as e:
+        _record_failure(gw, call, e, [])
         raise
     normalizer = ResponseEvents(response_object(call, 'in_progress', [], None))
-    try:
-        gw.ledger.save(record(call, 'in_progress', None, []), call.expiry)
-    except StoreError:
-        events.close()
-        raise
     return _body(gw, call, normalizer, itertools.chain([first], events), events)
 
 
@@ -88,9 +86,8 @@ def _body(gw: Any, call: Call, normalizer: ResponseEvents, events: Iterator, pro
             return
     except LLMConnError as e:
         ended = True
-        error = {'code': 'server_error', 'message': str(e)}
-        closing = normalizer.fail(response_object(call, 'failed', [], None, error=error))
-        _save_quietly(gw, record(call, 'failed', None, normalizer.output, error=error), call)
+        closing = normalizer.fail(response_object(call, 'failed', [], None, error=_error(e)))
+        _record_failure(gw, call, e, normalizer.output)
         for out in closing:
             yield sse(out)
     finally:
@@ -110,9 +107,9 @@ def _save_quietly(gw: Any, rec: dict, call: Call) -> None:
         logger.error('Could not record response %s as %s: %s', call.id, rec['status'], e)
 
 
-def _count_failure(gw: Any, call: Call) -> None:
-    try:
-        gw.ledger.count({'tenant': call.key.tenant, 'key_id': call.key.id, 'model': call.model,
-                         'status': 'failed', 'created_at': call.created_at})
-    except StoreError as e:
-        logger.error('Could not count a failed call of %s: %s', call.model, e)
+def _error(e: Exception) -> dict:
+    return {'code': 'server_error', 'message': str(e)}
+
+
+def _record_failure(gw: Any, call: Call, e: Exception, output: list) -> None:
+    _save_quietly(gw, record(call, 'failed', None, output, error=_error(e)), call)
