@@ -120,6 +120,10 @@ def from_chat_messages(raw: Any) -> list[dict]:
         if isinstance(entry, dict) and entry.get('tool_calls'):
             raise GatewayError(f'{where}.tool_calls: tool calling is not available through the gateway yet',
                                param=f'{where}.tool_calls', code='unsupported_field')
+        if isinstance(entry, dict) and entry.get('name'):
+            raise GatewayError(f'{where}.name: participant names are not supported through the gateway',
+                               param=f'{where}.name', code='unsupported_field')
+        # An assistant message's refusal is its text already (as the gateway answers it).
         items.append(_message_item({k: v for k, v in entry.items() if k not in ('name', 'refusal')}
                                    if isinstance(entry, dict) else entry, where))
     return items

@@ -10,13 +10,14 @@
           models: [Support, Coder]      # connection names this key may use; ["*"] for all
           hosted_tools: []              # provider-run tools (web_search, ...) it may ask for
 
-A token is compared with every key's secret, always all of them, with
-``hmac.compare_digest``: the time taken says nothing about which key was
-close. Secrets are ``SecretStr`` and never appear in a repr or a log.
+A token is compared with every key's secret, always all of them, by their
+SHA-256 digests with ``hmac.compare_digest``: the time taken says nothing
+about which key was close, nor about the secrets' lengths. Secrets are ``SecretStr`` and never appear in a repr or a log.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from typing import Literal
 
@@ -89,13 +90,18 @@ def bearer_token(authorization: str) -> str:
     return token.strip() if scheme.lower() == 'bearer' else ''
 
 
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode('utf-8', 'surrogatepass')).digest()
+
+
 def find_key(conf: GatewayConfig, token: str) -> GatewayKey:
     """The key whose secret is ``token``; 401 (OpenAI's shape) when none is."""
-    given = token.encode('utf-8', 'replace')
+    # Digests, so every comparison is of equal length (compare_digest leaks a length mismatch), and every
+    # key is compared, found or not, so the time taken does not tell how far the search went.
+    given = _digest(token)
     found = None
     for key in conf.keys:
-        # Every key is compared, found or not, so timing does not tell how far the search went.
-        if hmac.compare_digest(given, key.secret.get_secret_value().encode('utf-8')) and found is None:
+        if hmac.compare_digest(given, _digest(key.secret.get_secret_value())) and found is None:
             found = key
     if found is None or not token:
         raise GatewayError('Incorrect API key provided. Send a gateway key as "Authorization: Bearer <key>".',

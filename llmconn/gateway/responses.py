@@ -62,6 +62,7 @@ class Call:
 
 
 def prepare(gw: Any, key: Any, body: Any) -> Call:
+    """Check a create request whole, before any network call, and resolve it into a :class:`Call`."""
     if not isinstance(body, dict):
         raise GatewayError('the request body must be a JSON object')
     model = body.get('model')
@@ -79,25 +80,35 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
     previous = _previous(gw, key, body.get('previous_response_id'), conn)
     mode = 'none' if not store else 'provider' if backend.keeps_state(conn) else \
         'none' if key.retention == 'zero' else 'gateway'
-    provider_previous = ''
-    if previous is not None and previous['store_mode'] == 'provider':
-        provider_previous = previous['provider_response_id']
-        context = []
-        conversation = mod_items.to_conversation(new_items, instructions or '', policy, resolution)
-        if conversation.turns:
-            raise GatewayError('input may hold only new user messages when previous_response_id continues a '
-                               'response the backend keeps', param='input')
-    else:
-        context = list(previous.get('context') or ()) if previous else []
-        conversation = mod_items.to_conversation(context + new_items, instructions or '', policy, resolution)
+    context, conversation = _conversation(previous, new_items, instructions or '', policy, resolution)
     if resolution.downgrades:
         logger.info('Downgrade accepted: tenant=%s key=%s model=%s losses=%s', key.tenant, key.id, model,
                     ','.join(resolution.downgrades))
     return Call(key=key, conn=conn, model=model, stream=stream, store=store, mode=mode,
                 instructions=instructions, metadata=_metadata(body.get('metadata'), resolution.downgrades),
                 params=resolution.params, downgrades=resolution.downgrades, conversation=conversation,
-                context=context + new_items, previous=previous, provider_previous_id=provider_previous,
-                expiry=gw.config.response_expiry)
+                context=context, previous=previous, expiry=gw.config.response_expiry,
+                provider_previous_id=previous['provider_response_id'] if _provider_kept(previous) else '')
+
+
+def _provider_kept(previous: dict | None) -> bool:
+    return previous is not None and previous['store_mode'] == 'provider'
+
+
+def _conversation(previous: dict | None, new_items: list, instructions: str, policy: Policy,
+                  resolution: Any) -> tuple[list, mod_items.Conversation]:
+    """The items the new response continues, and what the provider is sent of them.
+
+    A chain the backend keeps gets only the new input; otherwise the stored items are replayed.
+    """
+    if _provider_kept(previous):
+        conversation = mod_items.to_conversation(new_items, instructions, policy, resolution)
+        if conversation.turns:
+            raise GatewayError('input may hold only new user messages when previous_response_id continues a '
+                               'response the backend keeps', param='input')
+        return list(new_items), conversation
+    context = list(previous.get('context') or ()) + new_items if previous else list(new_items)
+    return context, mod_items.to_conversation(context, instructions, policy, resolution)
 
 
 def check_hosted_tools(key: Any, tools: Any) -> None:
