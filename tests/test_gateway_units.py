@@ -233,3 +233,43 @@ def test_the_embedded_store_keeps_its_own_client():
     store = open_store('memory://gateway-test')
     assert mod_ledger.ledger_client(store) is mod_ledger.store_client(store)
     store.close()
+
+
+def test_a_backend_that_cannot_stream_answers_whole_as_a_stream():
+    from llmconn.gateway import backend
+    from llmconn.gateway.items import Conversation
+    from llmconn.types import Event, Reply
+
+    class Whole:
+        capabilities = frozenset({'system'})
+        tag = 'whole/m/'
+
+        def build_request(self, request):
+            assert not request.stream
+            return {'q': request.text}
+
+        def url(self, stream=False):
+            return 'http://whole'
+
+        def headers(self):
+            return {}
+
+        def parse_response(self, body):
+            return Reply(text='the answer', thinking='hm', input_tokens=1, output_tokens=2)
+
+        def done(self, reply):
+            return Event('done', result=reply.as_result(), reply=reply)
+
+    class Transport:
+        def post(self, url, headers, body):
+            return {'echo': body}
+
+    conn = type('Conn', (), {'provider': Whole(), 'transport': Transport(),
+                             'conf': type('C', (), {'provider': 'whole', 'state': 'local'})()})()
+    events = list(backend.events(conn, Conversation('', (), 'q'), {}, True))
+    assert [(e.type, e.text) for e in events[:-1]] == [('thinking', 'hm'), ('text', 'the answer')]
+    assert events[-1].type == 'done'
+    with pytest.raises(GatewayError) as refused:
+        Whole.capabilities = frozenset()
+        backend.events(conn, Conversation('rules', (), 'q'), {}, False)
+    assert refused.value.param == 'instructions'

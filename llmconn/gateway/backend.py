@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 from llmconn.errors import GatewayError
 from llmconn.gateway.items import Conversation
+from llmconn.providers.base import STREAM, SYSTEM
 from llmconn.types import Event, Request
 
 RESPONSES_KIND = 'openai-responses'
@@ -51,6 +52,13 @@ def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
            previous_response_id: str = '', store: bool = True) -> Iterator[Event]:
     """Call the connection's provider; yields ``thinking`` / ``text`` deltas and one ``done``."""
     provider, transport = conn.provider, conn.transport
+    if conversation.system and SYSTEM not in provider.capabilities:
+        raise GatewayError(f'instructions and system messages are not supported with a {kind(conn)} backend',
+                           param='instructions', code='unsupported_field')
+    if stream and STREAM not in provider.capabilities:
+        # A backend that cannot stream answers whole; the stream is built from that one answer.
+        return _whole(events(conn, conversation, params, False, previous_response_id=previous_response_id,
+                             store=store))
     request = Request(text=conversation.text, system=conversation.system, history=conversation.turns,
                       params=params, stream=stream, previous_response_id=previous_response_id)
     body = provider.build_request(request)
@@ -60,6 +68,16 @@ def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
     if stream:
         return provider.read_stream(transport.post_stream(provider.url(stream=True), headers, body))
     return iter([provider.done(provider.parse_response(transport.post(provider.url(stream=False), headers, body)))])
+
+
+def _whole(answer: Iterator[Event]) -> Iterator[Event]:
+    for event in answer:
+        reply = event.reply
+        if reply.thinking:
+            yield Event('thinking', text=reply.thinking)
+        if reply.text:
+            yield Event('text', text=reply.text)
+        yield event
 
 
 def finish(conn: Any, raw: Any) -> tuple[str, str]:
