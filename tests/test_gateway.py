@@ -221,10 +221,13 @@ def test_chat_completions_plain_and_streamed(gw, model):
     assert all(c.usage is None for c in unmetered) and unmetered[-1].choices
 
 
-def test_chat_completions_are_not_stored(gw):
+@pytest.mark.parametrize('model', ['Chat', 'Responses'])
+def test_chat_completions_are_not_stored(gw, model):
     before = set(gw.redis.scan_iter('llmconn:gw:resp:*'))
-    gw.client().chat.completions.create(model='Chat', messages=[{'role': 'user', 'content': 'stateless'}])
+    gw.fake.clear()
+    gw.client().chat.completions.create(model=model, messages=[{'role': 'user', 'content': 'stateless'}])
     assert set(gw.redis.scan_iter('llmconn:gw:resp:*')) == before
+    assert gw.fake.requests[-1]['body'].get('store') in (None, False)   # nor by a backend that could
 
 
 # ---- keys, tenants, isolation

@@ -66,7 +66,8 @@ def prepare(gw: Any, key: Any, body: Any) -> ChatCall:
 
 
 def _events(call: ChatCall) -> Iterator:
-    return backend.events(call.conn, call.conversation, call.params, call.stream)
+    # Stateless all the way: a backend that would keep the exchange (Responses, state: provider) is told not to.
+    return backend.events(call.conn, call.conversation, call.params, call.stream, store=False)
 
 
 def _usage(reply: Any) -> dict:

@@ -210,7 +210,8 @@ def record(call: Call, status: str, usage: dict | None, output: list, *, provide
            'provider_kind': backend.kind(call.conn), 'store_mode': call.mode, 'retention': call.key.retention,
            'previous_response_id': call.previous['id'] if call.previous else None,
            'provider_response_id': provider_id if call.mode == 'provider' else '',
-           'created_at': call.created_at, 'expires_at': call.created_at + ttl, 'completed_at': mod_time.time(),
+           'created_at': call.created_at, 'expires_at': call.created_at + ttl,
+           'completed_at': None if status == 'in_progress' else mod_time.time(),
            'status': status, 'usage': usage or {}, 'downgrades': call.downgrades,
            'counts': {'input_items': len(call.context), 'output_items': len(output)}}
     keep_text = call.store and call.key.retention == 'standard'
