@@ -141,3 +141,27 @@ def test_a_redis_outage_is_a_503_in_openai_shape_without_a_traceback():
         stack.client().chat.completions.create(model='Chat', messages=[{'role': 'user', 'content': 'still here'}])
     finally:
         stack.close()
+
+
+def test_a_key_removed_from_the_configuration_stops_working_without_a_restart():
+    import openai
+    stack = GatewayStack(processes=1)
+    try:
+        client = stack.client('b')
+        assert client.models.list().data
+        text = stack.config.read_text()
+        kept = [line for line in text.splitlines(keepends=True)]
+        start = next(i for i, line in enumerate(kept) if 'id: key-b,' in line)
+        stack.config.write_text(''.join(kept[:start] + kept[start + 2:]))   # the key is two lines
+
+        def refused():
+            try:
+                client.models.list()
+            except openai.AuthenticationError:
+                return True
+            return False
+
+        assert wait_for(refused, 'the removed key to be refused')
+        assert stack.client('a').models.list().data      # the others still work
+    finally:
+        stack.close()
