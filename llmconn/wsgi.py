@@ -34,6 +34,7 @@ from gevent import GreenletExit, Timeout
 from llmconn.responses import (CHAT_BUSY_RETRY_AFTER, HTTPFailure, InvalidResponse, check_response,  # noqa: F401
                                classify, encode_event, encode_response, error_response, json_response,
                                sse_response, status_line)
+from llmconn import admin_page
 from llmconn.service import new_cid, run
 
 logger = logging.getLogger('llmconn.server')
@@ -189,6 +190,7 @@ ROUTES: dict[str, Route] = {
     'health': Route(_health, public=True),
     'ready': Route(_ready, public=True),
     'services': Route(_services),
+    'admin': Route(admin_page.handle, public=True),     # checks the key itself (also a browser's Basic login)
 }
 
 
