@@ -401,3 +401,25 @@ def test_daily_usage_is_attributed_per_tenant_key_and_model(gw):
     assert after['output_tokens'] - before.get('output_tokens', 0) == \
         response.usage.output_tokens + completion.usage.completion_tokens
     assert ('key-b', 'Gemini') not in ledger.usage('tenant-a')
+
+
+def test_gateway_calls_count_in_the_operations_usage_ledger_under_their_key(gw):
+    import time
+
+    from llmconn.store import open_store
+    from llmconn.usage_report import read_usage
+
+    create(gw.client('b'), model='Chat', input='ledger me')
+    gw.client('b', process=1).chat.completions.create(model='Chat', messages=[{'role': 'user', 'content': 'me too'}])
+    store = open_store(gw.redis_server.url)
+    try:
+        deadline = time.monotonic() + 15       # each process flushes its tally about every second
+        while True:
+            rows = [r for r in read_usage(store, connection='Chat') if r['key'] == 'key-b']
+            if sum(r['calls'] for r in rows) >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    finally:
+        store.close()
+    assert sum(r['calls'] for r in rows) >= 2 and sum(r['input_tokens'] for r in rows) > 0
+    assert rows[0]['model'] == 'gpt-4.1'

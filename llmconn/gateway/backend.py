@@ -49,8 +49,12 @@ def check_usable(conn: Any, model: str) -> None:
 
 
 def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
-           previous_response_id: str = '', store: bool = True) -> Iterator[Event]:
-    """Call the connection's provider; yields ``thinking`` / ``text`` deltas and one ``done``."""
+           previous_response_id: str = '', store: bool = True, key_id: str = '') -> Iterator[Event]:
+    """Call the connection's provider; yields ``thinking`` / ``text`` deltas and one ``done``.
+
+    The call is counted in the registry's usage ledger under the connection, its model and the
+    gateway key ``key_id``, however it ends (answered, failed, or closed early by a client that left).
+    """
     provider, transport = conn.provider, conn.transport
     if conversation.system and SYSTEM not in provider.capabilities:
         raise GatewayError(f'instructions and system messages are not supported with a {kind(conn)} backend',
@@ -58,7 +62,7 @@ def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
     if stream and STREAM not in provider.capabilities:
         # A backend that cannot stream answers whole; the stream is built from that one answer.
         return _whole(events(conn, conversation, params, False, previous_response_id=previous_response_id,
-                             store=store))
+                             store=store, key_id=key_id))
     request = Request(text=conversation.text, system=conversation.system, history=conversation.turns,
                       params=params, stream=stream, previous_response_id=previous_response_id)
     body = provider.build_request(request)
@@ -66,8 +70,21 @@ def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
         body['store'] = False       # the request said store: false; the backend must not keep it either
     headers = provider.headers()
     if stream:
-        return provider.read_stream(transport.post_stream(provider.url(stream=True), headers, body))
-    return iter([provider.done(provider.parse_response(transport.post(provider.url(stream=False), headers, body)))])
+        answer = provider.read_stream(transport.post_stream(provider.url(stream=True), headers, body))
+    else:
+        answer = _plain(provider, transport, headers, body)
+    return _counted(conn, key_id, answer)
+
+
+def _plain(provider: Any, transport: Any, headers: dict, body: dict) -> Iterator[Event]:
+    yield provider.done(provider.parse_response(transport.post(provider.url(stream=False), headers, body)))
+
+
+def _counted(conn: Any, key_id: str, answer: Iterator[Event]) -> Iterator[Event]:
+    usage = getattr(conn, 'usage', None)     # the operations usage ledger (llmconn.usage), when there is one
+    if usage is None:
+        return answer
+    return usage.call(conn.name, conn.conf.model, key_id).track(answer)
 
 
 def _whole(answer: Iterator[Event]) -> Iterator[Event]:

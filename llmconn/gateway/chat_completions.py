@@ -67,7 +67,8 @@ def prepare(gw: Any, key: Any, body: Any) -> ChatCall:
 
 def _events(call: ChatCall) -> Iterator:
     # Stateless all the way: a backend that would keep the exchange (Responses, state: provider) is told not to.
-    return backend.events(call.conn, call.conversation, call.params, call.stream, store=False)
+    return backend.events(call.conn, call.conversation, call.params, call.stream, store=False,
+                          key_id=call.key.id)
 
 
 def _usage(reply: Any) -> dict:

@@ -27,7 +27,7 @@ logger = logging.getLogger('llmconn.gateway')
 
 def _provider_events(call: Call, stream: bool) -> Iterator:
     return backend.events(call.conn, call.conversation, call.params, stream,
-                          previous_response_id=call.provider_previous_id, store=call.store)
+                          previous_response_id=call.provider_previous_id, store=call.store, key_id=call.key.id)
 
 
 def _finished(call: Call, reply: Any) -> tuple[str, str, dict, dict]:
