@@ -96,6 +96,8 @@ class App:
         return name if name in self.host.deployer.services or name in ROUTES else ''
 
     def _dispatch(self, environ: dict, method: str, path: str, cid: str) -> tuple:
+        if path.startswith(GATEWAY_PREFIX) and self.host.registry.config.gateway.enabled:
+            return _gateway(self.host.registry, environ, method, path, cid)
         name = path.strip('/')
         route = ROUTES.get(name)
         if route is None or not route.public:
@@ -205,6 +207,18 @@ ROUTES: dict[str, Route] = {
     'admin': Route(admin_page.handle, public=True),     # checks the key itself (also a browser's Basic login)
     'metrics': Route(_metrics, public=True),    # checks its own keys: see llmconn.metrics.respond
 }
+
+
+# ---- the OpenAI-compatible gateway (llmconn.gateway): /v1/... when gateway.keys are configured.
+# It authenticates with its own keys and answers in OpenAI's error shape, so it is routed before the
+# host's API key check.
+
+GATEWAY_PREFIX = '/v1/'
+
+
+def _gateway(registry: Any, environ: dict, method: str, path: str, cid: str) -> tuple:
+    from llmconn.gateway.routes import handle      # only servers that enable the gateway load it
+    return handle(registry, environ, method, path, cid)
 
 
 class _Tracked:
