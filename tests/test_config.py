@@ -15,7 +15,7 @@ def load(conns, environ=None, **top):
 
 
 def test_defaults_mirror_zato():
-    conf = load([{'name': 'c', 'model': 'claude-sonnet-4-5'}])
+    conf = load([{'name': 'c', 'model': 'claude-sonnet-5-5'}])
     c = conf.llm[0]
     assert (c.provider, c.address, c.is_active) == ('claude', 'https://api.anthropic.com', True)
     assert (c.pool_size, c.timeout, c.max_tokens, c.max_history_turns, c.chat_expiry) == (50, 60, 1024, 20, 86400)
@@ -24,7 +24,7 @@ def test_defaults_mirror_zato():
 
 
 @pytest.mark.parametrize('model, provider, address', [
-    ('claude-haiku-4-5', 'claude', 'https://api.anthropic.com'),
+    ('claude-haiku-5-5', 'claude', 'https://api.anthropic.com'),
     ('gemini-2.5-flash', 'gemini', 'https://generativelanguage.googleapis.com/v1beta'),
     ('gpt-4o-mini', 'openai', 'https://api.openai.com/v1'),
     ('llama3.1:8b', 'openai', 'https://api.openai.com/v1'),
