@@ -667,3 +667,29 @@ def test_claude_end_to_end_stream_with_crlf_no_event_lines_and_no_final_blank_li
     server.script = [(200, {'content-type': 'text/event-stream; charset=utf-8'}, [raw[:40], raw[40:]])]
     result = list(connection(server, 'claude', 'claude-sonnet-5-5').stream('hi'))[-1].result
     assert result['text'] == 'Hi' and result['usage'] == {'input_tokens': 5, 'output_tokens': 4}
+
+
+# ---- a surrogate pair split between two stream events (a mock server and LiteLLM's /v1/messages do it)
+
+
+def split_pair_streams():
+    halves = ('a \ud83d', '\ude00 b')
+    return {
+        'claude': (claude(), claude_stream(*(text_delta(h) for h in halves))),
+        'openai': (openai(), as_sse(chunk({'content': halves[0]}), chunk({'content': halves[1]}), chunk({}, finish='stop'))
+                   + [DONE]),
+        'gemini': (gemini(), as_sse({'candidates': [candidate({'text': halves[0]}, finish=None)]},
+                                    {'candidates': [candidate({'text': halves[1]})]})),
+        'openai-responses': (responses(), as_sse(
+            *({'type': 'response.output_text.delta', 'item_id': 'msg_1', 'delta': h} for h in halves),
+            {'type': 'response.completed', 'response': response_body([message_item(output_text(''.join(halves)))])})),
+    }
+
+
+@pytest.mark.parametrize('name', list(split_pair_streams()))
+def test_every_mapping_joins_a_surrogate_pair_split_between_events(name):
+    provider, events = split_pair_streams()[name]
+    out = list(provider.read_stream(iter(events)))
+    assert [e.text for e in out if e.type == 'text'] == ['a ', '\U0001f600 b']
+    assert out[-1].result['text'] == 'a \U0001f600 b'
+    json.dumps(out[-1].result, ensure_ascii=False).encode('utf-8')     # no lone surrogate anywhere
