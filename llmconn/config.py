@@ -38,6 +38,7 @@ MIN_LOCK_TTL = 0.1
 DEFAULT_MAX_STORED_TURNS = 1000
 DEFAULT_STREAM_TIMEOUT = 600.0  # the longest a whole stream may take (``timeout`` bounds each wait in it)
 DEFAULT_REDIS_URL = 'memory://'
+DEFAULT_REPLICA_TIMEOUT = 1.0   # seconds a save waits for redis.replicas acknowledgements
 
 _env_pattern = re.compile(r'\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}')
 _zato_env_pattern = re.compile(r'^Zato_Enmasse_Env\.([A-Za-z_][A-Za-z0-9_]*)$')
@@ -170,7 +171,27 @@ class ConnectionConfig(_Frozen):
 
 
 class RedisConfig(_Frozen):
+    """Where chat history lives (see :mod:`llmconn.store.urls` for the URL forms) and how durable a save is."""
+
     url: str = Field(DEFAULT_REDIS_URL, repr=False)
+    # A chat call returns only once its turn reached this many replicas (WAIT, same round trip as the save).
+    replicas: int = Field(0, ge=0, le=16)
+    # How long the save waits for those replicas before it raises StoreError.
+    replica_timeout: float = Field(DEFAULT_REPLICA_TIMEOUT, gt=0, le=60)
+
+    @field_validator('url')
+    @classmethod
+    def _url(cls, value: str) -> str:
+        # The same reading as open_store's, so `llmconn check` refuses what loading refuses.
+        from llmconn.store.urls import parse_redis_url
+        parse_redis_url(value)
+        return value
+
+    @model_validator(mode='after')
+    def _replicas_need_redis(self) -> 'RedisConfig':
+        if self.replicas and self.url.lower().startswith('memory:'):
+            raise ValueError('replicas needs a Redis server with replicas; memory:// has none')
+        return self
 
     def __repr_args__(self):
         # The URL may carry the Redis password: show it masked, as SecretStr does for secrets.

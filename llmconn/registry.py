@@ -86,12 +86,15 @@ class Registry:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def reload(self) -> None:
-        """Re-read the file this registry came from and swap the whole set of connections."""
+    def reload(self, conf: Config | None = None) -> None:
+        """Re-read the file this registry came from and swap the whole set of connections.
+
+        ``conf``: that file, already loaded (the host parses it off its event loop).
+        """
         if self.path is None:
             raise ConfigError('this registry was built from a dict; there is no file to reload')
         with self._reload_lock:
-            new = self._build(mod_config.load_file(self.path), previous=self._state)
+            new = self._build(conf or mod_config.load_file(self.path), previous=self._state)
             old, self._state = self._state, new
         kept = {id(conn) for conn in new.connections.values()}
         replaced = [conn for conn in old.connections.values() if id(conn) not in kept]
@@ -116,7 +119,8 @@ class Registry:
         if previous is not None and previous.config.redis == conf.redis:
             store = previous.store
         else:
-            store = open_store(conf.redis.url)
+            store = open_store(conf.redis.url, replicas=conf.redis.replicas,
+                               replica_timeout=conf.redis.replica_timeout)
         if previous is not None and previous.skills.directory == conf.skills_path:
             skills = previous.skills     # it notices edited skill files by itself
         else:
