@@ -31,6 +31,7 @@ import socket
 import threading
 import time as mod_time
 
+from requests.adapters import HTTPAdapter
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 _current: contextvars.ContextVar['Deadline | None'] = contextvars.ContextVar('llmconn_deadline', default=None)
@@ -176,3 +177,16 @@ class WatchedHTTPSPool(_Watched, HTTPSConnectionPool):
 
 
 WATCHED_POOLS = {'http': WatchedHTTPPool, 'https': WatchedHTTPSPool}
+
+
+class WatchedAdapter(HTTPAdapter):
+    """A requests adapter whose pools record their connections on the active :class:`Deadline`."""
+
+    def init_poolmanager(self, *args, **kwargs) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = WATCHED_POOLS
+
+    def proxy_manager_for(self, proxy, **kwargs):
+        manager = super().proxy_manager_for(proxy, **kwargs)
+        manager.pool_classes_by_scheme = WATCHED_POOLS
+        return manager
