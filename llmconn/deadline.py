@@ -145,6 +145,15 @@ _dog: _Watchdog | None = None
 _dog_lock = threading.Lock()
 
 
+def _forget_in_child() -> None:
+    # A forked worker has no watchdog thread, and the lock may have been held mid-fork.
+    global _dog, _dog_lock
+    _dog, _dog_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _watchdog() -> _Watchdog:
     """The process's watchdog, started on first use (and again in a forked child)."""
     global _dog

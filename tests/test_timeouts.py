@@ -152,3 +152,22 @@ def test_trickled_response_headers_are_cut_off_at_timeout_too():
     finally:
         stop.set()
         listener.close()
+
+
+def test_a_forked_worker_gets_its_own_watchdog(server):
+    import os
+
+    Transport('warm', pool_size=1, timeout=5, max_retries=0).post(server.url + '/x', {}, {})  # parent's watchdog runs
+    server.script = [(200, {}, Trickle(ANSWER, 0.5))]
+    pid = os.fork()
+    if pid == 0:                                    # the child: exit 0 only if the deadline cut the call
+        code = 1
+        try:
+            started = time.monotonic()
+            Transport('child', pool_size=1, timeout=1, max_retries=0).post(server.url + '/x', {}, {})
+        except LLMTimeout:
+            code = 0 if time.monotonic() - started < 2.5 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
