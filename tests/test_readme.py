@@ -69,7 +69,7 @@ def test_a_yaml_block_of_the_readme_is_the_shipped_configuration(line, code):
         for key in set(data) - {'llm'}:
             assert data[key] == shipped()[key], f'README.md:{line}: "{key}" differs from etc/llm.yaml'
     else:
-        mod_config.load_dict({'llm': data}, environ={})
+        mod_config.load_dict({'llm': data}, base_dir=ROOT / 'etc', environ={})
     by_name = {c['name']: c for c in shipped()['llm']}
     for conn in connections:
         assert conn['name'] in by_name, f'README.md:{line}: etc/llm.yaml has no connection "{conn["name"]}"'
