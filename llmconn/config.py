@@ -257,6 +257,8 @@ def load_file(path: str | os.PathLike, environ: Mapping[str, str] | None = None)
         text = path.read_text(encoding='utf-8')
     except OSError as e:
         raise ConfigError(f'{path}: cannot read the configuration file ({e.strerror})') from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f'{path}: not UTF-8 text (byte {e.start}); save the file as UTF-8') from None
     data = parse_yaml(text, str(path))
     return load_dict(data, base_dir=path.parent, source=str(path), environ=environ)
 

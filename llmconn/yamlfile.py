@@ -19,20 +19,36 @@ _env_pattern = re.compile(r'\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}')
 _zato_env_pattern = re.compile(r'^Zato_Enmasse_Env\.([A-Za-z_][A-Za-z0-9_]*)$')
 
 
+# A configuration is a few kB; these bound what a hostile or broken file can cost to read.
+MAX_CONFIG_CHARS = 1_000_000    # 50 MB took minutes to parse
+MAX_DEPTH = 64                  # nesting; 20,000 levels of [[[...]]] overflowed the Python stack
+
+
 class NoAliasLoader(yaml.SafeLoader):
     """SafeLoader refusing aliases as it meets them, before anything is built or walked.
 
     Eight levels of ``*alias`` made a 549-byte file expand into gigabytes
     ("billion laughs"). A configuration has no need of them, so the first
-    alias is an error; anchors alone are harmless and ignored.
+    alias is an error; anchors alone are harmless and ignored. Nesting deeper
+    than :data:`MAX_DEPTH` is refused too, before the recursive composer
+    runs out of stack.
     """
 
+    _depth = 0
+
     def compose_node(self, parent, index):
+        mark = self.peek_event().start_mark
         if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
             raise ConfigError(f'line {mark.line + 1}: YAML aliases (*name, <<: *name) are not allowed in a '
                               f'configuration: they let a small file expand without bound; write the values out')
-        return super().compose_node(parent, index)
+        if self._depth >= MAX_DEPTH:
+            raise ConfigError(f'line {mark.line + 1}: nested more than {MAX_DEPTH} levels deep; a configuration '
+                              f'needs far fewer')
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def parse_yaml(text: str, source: str) -> Any:
@@ -40,6 +56,9 @@ def parse_yaml(text: str, source: str) -> Any:
 
     A syntax error says where and what, but never quotes the line: it may hold a secret.
     """
+    if len(text) > MAX_CONFIG_CHARS:
+        raise ConfigError(f'{source}: {len(text):,} characters, more than a configuration needs '
+                          f'(limit {MAX_CONFIG_CHARS:,}); is this the right file?')
     try:
         return yaml.load(text, Loader=NoAliasLoader) or {}
     except ConfigError as e:
