@@ -34,6 +34,7 @@ from gevent import GreenletExit, Timeout
 from llmconn.responses import (CHAT_BUSY_RETRY_AFTER, HTTPFailure, InvalidResponse, check_response,  # noqa: F401
                                classify, encode_event, encode_response, error_response, json_response,
                                sse_response, status_line)
+from llmconn.server_limits import BODY_TIMEOUT_KEY
 from llmconn.service import new_cid, run
 
 logger = logging.getLogger('llmconn.server')
@@ -211,14 +212,22 @@ class _Tracked:
 
 def read_body(environ: dict) -> bytes:
     """The request body; a body that ends early or stalls is the client's fault (400/408), not a 500."""
+    deadline = Timeout(environ.get(BODY_TIMEOUT_KEY))     # None: unbounded (not under llmconn serve)
+    deadline.start()
     try:
         return _read_body(environ)
+    except Timeout as e:
+        if e is not deadline:
+            raise
+        raise HTTPFailure(408, 'the request body did not arrive in time; send it whole') from None
     except TimeoutError:
         raise HTTPFailure(408, 'the request body did not arrive in time; send it whole') from None
     except OSError as e:        # gevent: "unexpected end of file", a bad chunk
         logger.info('Incomplete request body: %s', e)
         raise HTTPFailure(400, 'the request body ended before its declared length, or its chunks are '
                                'malformed; send the whole body') from None
+    finally:
+        deadline.cancel()
 
 
 def _read_body(environ: dict) -> bytes:

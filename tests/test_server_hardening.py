@@ -60,6 +60,25 @@ class Header(Service):
         self.response.payload = {'ok': True}
 
 
+class StreamExit(Service):
+    name = 'hostile.stream-exit'
+
+    def handle(self):
+        def events():
+            yield 'first'
+            sys.exit(4)
+        self.response.stream(events())
+
+
+class Hold(Service):
+    name = 'hostile.hold'
+
+    def handle(self):
+        import gevent
+        gevent.sleep(float(self.request.payload['seconds']))
+        self.response.payload = {'held': True}
+
+
 class Patched(Service):
     name = 'hostile.patched'
 
@@ -327,3 +346,43 @@ def test_idle_connections_beyond_a_low_descriptor_limit_do_not_starve_health(tmp
         for sock in idle:
             sock.close()
         stop(proc)
+
+
+def test_system_exit_in_a_stream_ends_it_with_an_error_event_and_the_server_keeps_serving(server):
+    with requests.post(f'{server.url}/hostile.stream-exit', timeout=10, stream=True) as response:
+        assert response.status_code == 200
+        text = response.text
+    assert 'event: text' in text and 'event: error' in text and '"status": 500' in text
+    assert server.proc.poll() is None and server.post('test.echo', {'a': 1}).status_code == 200
+
+
+def test_a_request_body_trickling_in_is_cut_off_with_408(short_idle):
+    with socket.create_connection(('127.0.0.1', short_idle.port)) as sock:
+        sock.sendall(b'POST /test.echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n')
+        sock.settimeout(0.2)
+        answer = b''
+        for _ in range(100):        # a byte every 0.2 s, for up to 20 s: each read is quick, the body is not
+            try:
+                sock.sendall(b' ')
+                answer += sock.recv(4096)
+                if answer:
+                    break
+            except socket.timeout:
+                continue
+        assert answer.startswith(b'HTTP/1.1 408'), answer
+
+
+def test_at_the_connection_limit_with_every_connection_busy_a_new_one_gets_503(tmp_path, fake):
+    s = Server(tmp_path, fake.url, extra=['--max-connections', '2'])
+    try:
+        import threading
+        held = [threading.Thread(target=s.post, args=('hostile.hold', {'seconds': 3})) for _ in range(2)]
+        for thread in held:
+            thread.start()
+        assert wait_for(lambda: 'Refused' in s.log_text() or
+                        requests.get(f'{s.url}/health', timeout=10).status_code == 503)
+        for thread in held:
+            thread.join()
+        assert s.get('health').status_code == 200       # room again once they are answered
+    finally:
+        s.close()
