@@ -16,8 +16,8 @@ it must answer without an API key.
 ``status`` "ok", or "config-error" when the configuration file failed to
 (re)load (a restart would not help: the process could not start with it).
 ``/ready`` is readiness for a load balancer: 200 only when the configuration
-is loaded and the chat store answers, else 503 with a short reason that
-holds no secret and no host:port.
+is loaded, the chat store answers and the server is not shutting down,
+else 503 with a short reason that holds no secret and no host:port.
 """
 
 from __future__ import annotations
@@ -162,7 +162,10 @@ def _health(app: App, environ: dict, cid: str) -> tuple:
 
 
 def _ready(app: App, environ: dict, cid: str) -> tuple:
-    reason = _CONFIG_REASON if app.config_error() else app.store_problem()
+    if app.draining:
+        reason = 'the server is shutting down'
+    else:
+        reason = _CONFIG_REASON if app.config_error() else app.store_problem()
     if reason:
         return json_response(503, {'status': 'not-ready', 'reason': reason})
     return json_response(200, {'status': 'ready'})

@@ -75,6 +75,7 @@ class Hold(Service):
 
     def handle(self):
         import gevent
+        self.logger.info('holding cid=%s', self.cid)
         gevent.sleep(float(self.request.payload['seconds']))
         self.response.payload = {'held': True}
 
@@ -404,3 +405,18 @@ def test_at_the_connection_limit_with_every_connection_busy_a_new_one_gets_503(t
         assert s.get('health').status_code == 200       # room again once they are answered
     finally:
         s.close()
+
+
+def test_ready_is_503_while_the_server_drains_on_sigterm(own_server):
+    import threading
+    session = requests.Session()
+    assert session.get(f'{own_server.url}/ready', timeout=5).status_code == 200     # a kept-alive connection
+    held = threading.Thread(target=own_server.post, args=('hostile.hold', {'seconds': 2}))
+    held.start()
+    assert wait_for(lambda: 'holding' in own_server.log_text())
+    own_server.proc.send_signal(signal.SIGTERM)
+    assert wait_for(lambda: 'Got signal' in own_server.log_text())
+    ready = session.get(f'{own_server.url}/ready', timeout=5)
+    assert ready.status_code == 503 and ready.json()['reason'] == 'the server is shutting down'
+    held.join()
+    session.close()
