@@ -121,7 +121,7 @@ def cmd_check(args) -> int:
     for conn in conf.llm:
         state = '' if conn.is_active else '  (inactive)'
         secret = 'secret set' if conn.secret_value else 'no secret'
-        print(f'  {conn.name}: provider={conn.provider} model={conn.model} address={conn.address} '
+        print(f'  {conn.name}: provider={conn.provider} model={conn.model} address={mask_url(conn.address)} '
               f'[{secret}]{state}')
     return 0
 

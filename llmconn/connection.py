@@ -22,16 +22,19 @@ import time as mod_time
 from dataclasses import replace
 from typing import Any, Iterator
 
+from llmconn.checks import MAX_CHAT_ID_CHARS, MAX_TEXT_CHARS, check_params, check_skill  # noqa: F401
+from llmconn.checks import check_chat_id as _check_chat_id
+from llmconn.checks import check_text as _check_text
 from llmconn.config import ConnectionConfig
 from llmconn.errors import InactiveConnection, InvalidInput, LLMError
+from llmconn.lifetime import Counted, InFlight
 from llmconn.providers import PROVIDERS
 from llmconn.providers.base import STREAM, SYSTEM
 from llmconn.skills import SkillCache
+from llmconn.text import clean
 from llmconn.transport import Transport
 from llmconn.types import Event, Request, Turn
 
-MAX_TEXT_CHARS = 1_000_000      # one message; providers' context windows end well before this
-MAX_CHAT_ID_CHARS = 256
 PING_TEXT = 'ping'              # what ping() asks a server that has no model list
 
 
@@ -46,8 +49,10 @@ class Connection:
         self.skills = skills
         self.transport = transport or Transport(conf.name, pool_size=conf.pool_size, timeout=conf.timeout,
                                                 max_retries=conf.max_retries, secret=conf.secret_value,
-                                                address=conf.address)
+                                                address=conf.address, stream_timeout=conf.stream_timeout)
         self._headers = self.provider.headers()
+        self.calls = InFlight()         # running calls: a connection a reload replaced closes after the last
+        self.closed = False
 
     def __repr__(self) -> str:
         return f'<Connection {self.name!r} provider={self.conf.provider} model={self.conf.model}>'
@@ -76,6 +81,10 @@ class Connection:
         (404 or 405: some compatible servers and gateways) is asked a one-word question.
         """
         self._check_active()
+        with self.calls:
+            return self._ping()
+
+    def _ping(self) -> bool:
         try:
             self.transport.get(self.provider.ping_url(), self._headers)
         except LLMError as e:
@@ -88,17 +97,30 @@ class Connection:
         """Every stored message of the chat, oldest first, as ``{"role", "content"}``."""
         _check_chat_id(chat_id, required=True)
         messages = []
-        for turn in self.store.history(self.name, chat_id):
-            messages.append({'role': 'user', 'content': turn.user})
-            messages.append({'role': 'assistant', 'content': turn.assistant})
+        with self.calls:
+            turns = self.store.history(self.name, chat_id)
+        for turn in turns:
+            # clean(): a turn stored before text was cleaned may hold a lone surrogate.
+            messages.append({'role': 'user', 'content': clean(turn.user)})
+            messages.append({'role': 'assistant', 'content': clean(turn.assistant)})
         return messages
 
     def delete_history(self, chat_id: str) -> None:
         _check_chat_id(chat_id, required=True)
-        self.store.delete(self.name, chat_id)
+        with self.calls:
+            self.store.delete(self.name, chat_id)
 
     def close(self) -> None:
+        self.closed = True
         self.transport.close()
+
+    def retire(self, then=None) -> None:
+        """Close once the calls running now have finished, then run ``then`` (see :mod:`llmconn.lifetime`)."""
+        def close_then() -> None:
+            self.close()
+            if then is not None:
+                then()
+        self.calls.retire(close_then)
 
     # -- the pipeline ----------------------------------------------------------------------------
 
@@ -107,8 +129,8 @@ class Connection:
         self._check_active()
         _check_text(text)
         _check_chat_id(chat_id, required=False)
-        _check_params(params)
-        return self._pipeline(text, chat_id, self._system(skill), params, stream)
+        check_params(params, self.provider.reserved_params)
+        return Counted(self._pipeline(text, chat_id, self._system(skill), params, stream), self.calls)
 
     def _pipeline(self, text: str, chat_id: str, system: str, params: dict, stream: bool) -> Iterator[Event]:
         if not chat_id:
@@ -155,7 +177,7 @@ class Connection:
             try:
                 first = next(events)
             except LLMError as e:
-                if not _forgot_previous(e):
+                if not _forgot_previous(e, request.previous_response_id):
                     raise
                 # The local window is the truth; the provider's copy of the chain is gone, and with it
                 # the stored items our turns' reasoning refers to, so those turns go back as plain text.
@@ -186,8 +208,7 @@ class Connection:
     def _system(self, skill: str) -> str:
         if not skill:
             return ''
-        if not isinstance(skill, str):
-            raise InvalidInput(f'skill must be a str naming a skill, got {type(skill).__name__}')
+        check_skill(skill)
         if SYSTEM not in self.provider.capabilities:
             raise InvalidInput(f'{self.name}: provider {self.conf.provider} does not support the capability '
                                f'"{SYSTEM}" that skills need')
@@ -202,11 +223,33 @@ class Connection:
         return result
 
 
-def _forgot_previous(error: LLMError) -> bool:
-    """The provider no longer knows the response we continue from (expired, deleted, restarted)."""
+def _forgot_previous(error: LLMError, previous_id: str = '') -> bool:
+    """The provider no longer knows the response we continue from (expired, deleted, restarted).
+
+    OpenAI says so with ``code: previous_response_not_found``; gateways rewrap
+    it (LiteLLM: HTTP 400, ``"code": "400"``, ``"param": null``, the original
+    message, sometimes the original JSON quoted inside it; LM Studio: "history
+    node with id ... not found"). So the whole error is read as text: the code
+    anywhere in it, or "not found" together with "previous response" or the id
+    we sent. Getting it wrong the other way costs more: a chat that resends a
+    dead id fails for good, while a needless re-seed only resends local history.
+    """
     body = error.provider_body
-    if not isinstance(body, dict):
+    text = ' '.join((str(error), body if isinstance(body, str) else _json_text(body)))
+    lower = text.lower()
+    if 'previous_response_not_found' in lower:
+        return True
+    if 'not found' not in lower:
         return False
+    return ('previous response' in lower or 'previous_response_id' in lower
+            or bool(previous_id) and previous_id in text)
+
+
+def _json_text(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
     # An HTTP error nests it under "error"; a stream's error event carries it at the top.
     for detail in (body.get('error'), body):
         if not isinstance(detail, dict):
@@ -217,31 +260,3 @@ def _forgot_previous(error: LLMError) -> bool:
         if detail.get('param') == 'previous_response_id' and 'not found' in str(detail.get('message', '')).lower():
             return True
     return False
-
-
-def _check_text(text: Any) -> None:
-    if not isinstance(text, str):
-        raise InvalidInput(f'text must be a str, got {type(text).__name__}')
-    if not text.strip():
-        raise InvalidInput('text is empty; send the user\'s message as a non-empty str')
-    if len(text) > MAX_TEXT_CHARS:
-        raise InvalidInput(f'text has {len(text)} characters, more than the limit of {MAX_TEXT_CHARS}; '
-                           f'split or shorten it')
-
-
-def _check_chat_id(chat_id: Any, required: bool) -> None:
-    if not isinstance(chat_id, str):
-        raise InvalidInput(f'chat_id must be a str, got {type(chat_id).__name__}; '
-                           f'convert ids with str() first')
-    if len(chat_id) > MAX_CHAT_ID_CHARS or (required and not chat_id):
-        raise InvalidInput(f'chat_id must have 1 to {MAX_CHAT_ID_CHARS} characters, got {len(chat_id)}')
-
-
-def _check_params(params: dict) -> None:
-    if not params:
-        return
-    try:
-        json.dumps(params)
-    except (TypeError, ValueError) as e:
-        raise InvalidInput(f'call parameters must be JSON values ({e}); pass plain str, numbers, lists, dicts') \
-            from None

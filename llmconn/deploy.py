@@ -221,7 +221,7 @@ class Deployer:
 
     def status(self) -> list[dict]:
         """One entry per file: its services, when deployed, and its last error if any."""
-        return [{'file': str(path), 'services': list(state.services),
+        return [{'file': path.name, 'services': list(state.services),
                  'deployed_at': iso(state.deployed_at), 'last_error': state.error or None,
                  'last_error_at': iso(state.error_at) if state.error else None}
                 for path, state in sorted(self.files.items())]

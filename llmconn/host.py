@@ -61,7 +61,7 @@ class ConfigWatch:
         logger.info('Reloaded the configuration %s', self.path)
 
     def status(self) -> dict:
-        return {'file': str(self.path), 'loaded_at': iso(self.loaded_at), 'last_error': self.error or None,
+        return {'file': self.path.name, 'loaded_at': iso(self.loaded_at), 'last_error': self.error or None,
                 'last_error_at': iso(self.error_at) if self.error else None}
 
 

@@ -179,7 +179,7 @@ def _services(app: App, environ: dict, cid: str) -> tuple:
     deployed = sorted(host.deployer.services.values(), key=lambda d: d.name)
     registry = host.registry
     return json_response(200, {
-        'services': [{'name': d.name, 'file': str(d.path), 'deployed_at': _iso(d.deployed_at)} for d in deployed],
+        'services': [{'name': d.name, 'file': d.path.name, 'deployed_at': _iso(d.deployed_at)} for d in deployed],
         'files': host.deployer.status(),
         'config': host.config.status() if host.config else None,
         'connections': list(registry),

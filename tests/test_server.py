@@ -186,6 +186,9 @@ def test_services_lists_each_service_with_its_file_and_deploy_time(host):
     assert by_name['demo.llm.support-chat']['file'].endswith('demo_llm.py')
     assert by_name['test.echo']['deployed_at'].endswith('Z')
     assert all(f['last_error'] is None for f in listing['files'])
+    # Clients get file names, never where the server keeps its files.
+    assert '/' not in json.dumps([s['file'] for s in listing['services']] + [f['file'] for f in listing['files']]
+                                 + [(listing['config'] or {}).get('file', '')])
 
 
 def test_support_chat_remembers_the_first_turn(host):

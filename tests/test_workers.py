@@ -143,17 +143,18 @@ def answers_soon(port, deadline=5.0):
     return False
 
 
-def wait_dead(pid, deadline=10.0):
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
+def wait_until_dead(pid: int, timeout: float = 10) -> None:
+    """Until the kernel has closed ``pid``'s sockets: it is gone, or a zombie awaiting its parent."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         try:
             state = Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0]
         except FileNotFoundError:
-            return True
+            return
         if state in ('Z', 'X'):
-            return True
+            return
         time.sleep(0.01)
-    return False
+    raise AssertionError(f'worker {pid} did not die')
 
 
 def test_a_killed_worker_is_restarted_while_the_others_keep_serving(setup):
@@ -165,10 +166,10 @@ def test_a_killed_worker_is_restarted_while_the_others_keep_serving(setup):
         assert len(first) == 2
         victim = sorted(first)[0]
         os.kill(victim, signal.SIGKILL)
-        assert wait_dead(victim)        # gone, or a zombie its supervisor has yet to reap
+        wait_until_dead(victim)
         # A connection made in the instant the kernel drops the dead worker's socket from the port's
-        # SO_REUSEPORT group can still be reset (seen here ~10 ms after the death); from the first
-        # answer on, the survivor must answer every request.
+        # SO_REUSEPORT group can still be reset (seen here ~10 ms after it became a zombie); from the
+        # first answer on, the survivor must answer every request.
         assert answers_soon(port)
         for _ in range(10):
             response = requests.post(f'http://127.0.0.1:{port}/test.pid', headers={'Connection': 'close'},

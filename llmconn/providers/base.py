@@ -9,11 +9,13 @@ locking. Keeping the mapping pure means most tests need no network.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
 from llmconn.errors import InvalidInput, LLMError
+from llmconn.text import Joiner, clean, clean_value
 from llmconn.types import Event, Reply, Request, Turn
 
 if TYPE_CHECKING:
@@ -125,6 +127,9 @@ class Provider:
 
     @staticmethod
     def done(reply: Reply) -> Event:
+        """The final event; its text is valid Unicode whatever the provider sent (see :mod:`llmconn.text`)."""
+        reply = dataclasses.replace(reply, text=clean(reply.text), thinking=clean(reply.thinking),
+                                    items=clean_value(reply.items), raw=clean_value(reply.raw))
         return Event('done', result=reply.as_result(), reply=reply)
 
     # Whether a JSON answer to a stream request is a list of stream chunks (Gemini without
@@ -133,7 +138,26 @@ class Provider:
 
     def read_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
         """The events of a stream request's answer: :meth:`parse_stream`, unless the server
-        answered with plain JSON (it ignored ``stream``), which is then one whole reply."""
+        answered with plain JSON (it ignored ``stream``), which is then one whole reply.
+
+        Deltas leave here as valid Unicode: a surrogate pair split between two events is joined.
+        """
+        joiners = {'text': Joiner(), 'thinking': Joiner()}
+        for event in self._read_stream(events):
+            joiner = joiners.get(event.type)
+            if joiner is not None:
+                text = joiner.feed(event.text)
+                if text:
+                    yield dataclasses.replace(event, text=text)
+                continue
+            if event.type == 'done':
+                for kind, joiner in joiners.items():
+                    rest = joiner.flush()
+                    if rest:
+                        yield Event(kind, text=rest)
+            yield event
+
+    def _read_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
         events = iter(events)
         first = next(events, None)
         if first is not None and first.event == JSON_BODY and not self.json_answer_is_chunks:

@@ -39,6 +39,8 @@ THINKING_SEPARATOR = '\n\n'
 # Events that end a stream with a response to parse; ``incomplete`` is a partial answer (max_output_tokens).
 _final_events = ('response.completed', 'response.incomplete')
 _text_deltas = ('response.output_text.delta', 'response.refusal.delta')
+# Summaries from OpenAI; the raw reasoning text from servers that show it (vLLM, LM Studio).
+_thinking_deltas = ('response.reasoning_summary_text.delta', 'response.reasoning_text.delta')
 
 
 
@@ -111,7 +113,7 @@ class OpenAIResponsesProvider(Provider):
                 text += [p.get('text') or p.get('refusal') or '' for p in item.get('content') or ()
                          if isinstance(p, dict)]
             elif item.get('type') == 'reasoning':
-                thinking += [s.get('text') or '' for s in item.get('summary') or () if isinstance(s, dict)]
+                thinking += _reasoning_texts(item)
         usage = body.get('usage') or {}
         return Reply(text=''.join(text), input_tokens=usage.get('input_tokens') or 0,
                      output_tokens=usage.get('output_tokens') or 0, raw=body,
@@ -131,6 +133,7 @@ class OpenAIResponsesProvider(Provider):
     def parse_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
         last_summary = None
         streamed: list[str] = []
+        thought: list[str] = []
         for sse in events:
             if is_done_marker(sse):
                 continue
@@ -139,16 +142,20 @@ class OpenAIResponsesProvider(Provider):
             if kind in _text_deltas and data.get('delta'):
                 streamed.append(data['delta'])
                 yield Event('text', text=data['delta'])
-            elif kind == 'response.reasoning_summary_text.delta' and data.get('delta'):
-                summary = (data.get('item_id'), data.get('summary_index'))
+            elif kind in _thinking_deltas and data.get('delta'):
+                summary = (data.get('item_id'), data.get('summary_index', data.get('content_index')))
                 if last_summary is not None and summary != last_summary:
+                    thought.append(THINKING_SEPARATOR)
                     yield Event('thinking', text=THINKING_SEPARATOR)
                 last_summary = summary
+                thought.append(data['delta'])
                 yield Event('thinking', text=data['delta'])
             elif kind in _final_events:
                 reply = self.parse_response(data.get('response'))
                 if not reply.text and streamed:
                     reply = dataclasses.replace(reply, text=''.join(streamed))
+                if not reply.thinking and thought:
+                    reply = dataclasses.replace(reply, thinking=''.join(thought))
                 yield self.done(reply)
                 return
             elif kind == 'response.failed':
@@ -159,6 +166,16 @@ class OpenAIResponsesProvider(Provider):
                                  f'{data.get("message") or error_text(data)}; the reply was not saved, try again',
                                  data)
         raise self.error('the stream ended before response.completed, so the reply is incomplete; try again')
+
+
+def _reasoning_texts(item: dict) -> list[str]:
+    """A reasoning item's readable text: its summary, or else (vLLM, LM Studio, gpt-oss servers) its
+    ``content`` of ``reasoning_text`` parts, the raw reasoning OpenAI itself keeps to itself."""
+    summary = [s.get('text') or '' for s in item.get('summary') or () if isinstance(s, dict)]
+    if any(summary):
+        return summary
+    return [p.get('text') or '' for p in item.get('content') or ()
+            if isinstance(p, dict) and p.get('type', 'reasoning_text') == 'reasoning_text']
 
 
 def _message(role: str, text: str) -> dict[str, Any]:
