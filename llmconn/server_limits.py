@@ -30,6 +30,7 @@ import json
 import logging
 import select
 import socket
+import time
 from collections import OrderedDict
 
 import gevent
@@ -42,6 +43,7 @@ from llmconn.server import DEFAULT_MAX_CONNECTIONS
 
 BODY_TIMEOUT_KEY = 'llmconn.body_timeout'     # environ key: seconds the whole request body may take
 _poll = get_original('select', 'poll')
+REFUSAL_LOG_INTERVAL = 10.0         # seconds between two log lines about refused connections
 FD_RESERVE = 64                     # descriptors kept free for Redis, providers, deployed files
 
 
@@ -52,6 +54,8 @@ class Limits:
         self.idle_timeout = idle_timeout
         self.max_connections = max_connections
         self.open = 0
+        self.refused = 0                # since the last log line about it
+        self._refusal_logged_at = 0.0
         self.idle: OrderedDict = OrderedDict()      # handler → None, the longest idle first
 
     def admit(self) -> bool:
@@ -64,6 +68,16 @@ class Limits:
             victim.evict()
         self.open += 1
         return True
+
+
+    def log_refusal(self) -> None:
+        # At most one line per REFUSAL_LOG_INTERVAL: a flood of connections must not flood the log.
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._refusal_logged_at >= REFUSAL_LOG_INTERVAL:
+            logger.warning('Refused %d connection(s) with 503: all %d allowed connections are busy with requests',
+                           self.refused, self.max_connections)
+            self.refused, self._refusal_logged_at = 0, now
 
 
 def handler_class(limits: Limits) -> type:
@@ -79,7 +93,8 @@ class Handler(WSGIHandler):
     def handle(self) -> None:
         limits = self.limits
         if not limits.admit():
-            _refuse(self.socket, limits.max_connections)
+            limits.log_refusal()
+            _refuse(self.socket)
             return
         self.socket.settimeout(limits.idle_timeout)
         try:
@@ -141,11 +156,10 @@ class Handler(WSGIHandler):
             pass
 
 
-def _refuse(sock, limit: int) -> None:
+def _refuse(sock) -> None:
     body = json.dumps({'error': 'the server has too many open connections; try again shortly'}).encode()
     head = (f'HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(body)}'
             f'\r\nRetry-After: 1\r\nConnection: close\r\n\r\n').encode()
-    logger.warning('Refused a connection: all %d allowed connections are busy with requests', limit)
     try:
         sock.settimeout(1.0)
         sock.sendall(head + body)

@@ -86,10 +86,12 @@ def test_closed_pipe_exits_quietly_without_a_traceback(tmp_path):
 
 
 def test_importing_the_library_neither_patches_nor_loads_requests_or_redis():
-    code = ('import sys, llmconn\n'
+    code = ('import sys, llmconn, llmconn.cli, llmconn.server  # what llmconn serve imports before patching\n'
+            'llmconn.cli._parser()  # every subcommand registered\n'
             'heavy = [m for m in ("requests", "redis", "urllib3") if m in sys.modules]\n'
             'assert not heavy, heavy\n'
             'assert llmconn.Registry.__name__ == "Registry" and llmconn.ChatBusy.__name__ == "ChatBusy"\n'
+            'assert all(getattr(llmconn, name) for name in llmconn.__all__)\n'
             'from gevent import monkey\n'
             'assert not monkey.is_module_patched("socket")\n')
     done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60)

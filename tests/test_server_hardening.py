@@ -92,9 +92,12 @@ class Busy(Service):
     name = 'hostile.busy'
 
     def handle(self):
-        from llmconn.errors import ChatBusy, StoreError
+        from llmconn.errors import ChatBusy, LockLost, StoreError
         if self.request.payload['kind'] == 'busy':
             raise ChatBusy('Chat x is busy: another call held it. Try again later, or raise lock_wait')
+        if self.request.payload['kind'] == 'lost':
+            raise LockLost('The lock of chat x on redis://127.0.0.1:6390/0 expired (GC pause longer than '
+                           'lock_ttl?). Retry the call; raise lock_ttl if this repeats.')
         raise StoreError('The chat store redis://127.0.0.1:6390/0 does not answer: Connection refused')
 '''
 
@@ -234,10 +237,12 @@ def test_truncated_body_or_ambiguous_length_is_400_without_a_traceback(server, h
 def test_busy_and_store_errors_tell_the_client_little_and_the_log_everything(server):
     busy = server.post('hostile.busy', {'kind': 'busy'})
     down = server.post('hostile.busy', {'kind': 'store'})
-    assert busy.status_code == 429 and down.status_code == 503
-    for response in (busy, down):
+    lost = server.post('hostile.busy', {'kind': 'lost'})
+    assert busy.status_code == 429 and down.status_code == 503 and lost.status_code == 503
+    assert 'retry' in lost.json()['error']
+    for response in (busy, down, lost):
         assert set(response.json()) == {'error', 'cid'}
-        assert 'lock_wait' not in response.text and '6390' not in response.text and '127.0.0.1' not in response.text
+        assert 'lock_wait' not in response.text and 'lock_ttl' not in response.text and '6390' not in response.text and '127.0.0.1' not in response.text
     log = server.log_text()
     assert f'cid={busy.headers["X-Cid"]}' in log and 'raise lock_wait' in log
     assert f'cid={down.headers["X-Cid"]}' in log and '6390' in log
