@@ -115,3 +115,10 @@ def test_worker_command_line_is_derived_from_the_serve_flags():
     again = serve_parser().parse_args(argv)
     assert (again.port, again.idle_timeout, again.config, again.log_level, again.workers) == \
         (18000, 5.0, 'x.yaml', 'DEBUG', 1)
+
+
+@pytest.mark.parametrize('flags', [['--port', '99999'], ['--idle-timeout', '0'], ['--workers', '0'],
+                                   ['--max-connections', '-1'], ['--grace', '-1']])
+def test_serve_refuses_impossible_flags_without_a_traceback(flags):
+    done = llmconn('serve', '--config', 'no-such.yaml', *flags)
+    assert done.returncode == 2 and done.stderr.startswith('error: ') and 'Traceback' not in done.stderr
