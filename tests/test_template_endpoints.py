@@ -288,7 +288,7 @@ def test_the_memory_evaluation_command_exits_zero_and_prints_its_checks():
 
 
 def test_editing_a_template_file_reloads_the_configuration(tmp_path, provider):
-    from llmconn.deploy import ConfigWatch
+    from llmconn.host import ConfigWatch
     from llmconn.registry import Registry
     for name in ('chat-completions.request.j2', 'chat-completions.response.j2'):
         shutil.copy(TEMPLATES / name, tmp_path / name)

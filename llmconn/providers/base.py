@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
 from llmconn.errors import InvalidInput, LLMError
@@ -81,11 +80,6 @@ class Provider:
         if conf.state != 'local' and STATEFUL not in cls.capabilities:
             raise ValueError(f'field "state": provider {cls.name} is stateless, only "local" is valid')
         check_reserved(cls.reserved_params, conf.params, ValueError)
-
-    @classmethod
-    def read_files(cls, conf: 'ConnectionConfig', base_dir: Path) -> 'ConnectionConfig':
-        """``conf`` with the files its settings name read in, relative to the configuration file."""
-        return conf
 
     @property
     def tag(self) -> str:

@@ -61,15 +61,6 @@ class TemplateProvider(Provider):
         self._headers = {name: compile_template(env, value, f'headers.{name}') for name, value in conf.headers.items()}
 
     @classmethod
-    def read_files(cls, conf: 'ConnectionConfig', base_dir: Path) -> 'ConnectionConfig':
-        update = {}
-        for key in (REQUEST, RESPONSE):
-            name = getattr(conf, f'{key}_file')
-            if name:
-                update[key] = _read(base_dir / name, f'{key}_file')
-        return conf.model_copy(update=update) if update else conf
-
-    @classmethod
     def check_config(cls, conf: 'ConnectionConfig') -> None:
         super().check_config(conf)
         if not conf.address:
@@ -194,7 +185,8 @@ def _label(conf: 'ConnectionConfig', key: str) -> str:
     return f'{key} ({path})' if path else key
 
 
-def _read(path: Path, key: str) -> str:
+def read_template(path: Path, key: str) -> str:
+    """The text of a template file (a ValueError naming ``key`` when it cannot be used)."""
     try:
         with path.open('rb') as f:
             data = f.read(MAX_TEMPLATE_FILE_BYTES + 1)
