@@ -39,11 +39,11 @@ MIN_LOCK_TTL = 0.1
 DEFAULT_MAX_STORED_TURNS = 1000
 DEFAULT_STREAM_TIMEOUT = 600.0  # the longest a whole stream may take (``timeout`` bounds each wait in it)
 DEFAULT_REDIS_URL = 'memory://'
+DEFAULT_REPLICA_TIMEOUT = 1.0   # seconds a save waits for redis.replicas acknowledgements
 
 # Keys only provider: template reads; elsewhere they are refused rather than ignored.
 TEMPLATE_KEYS = ('request_template', 'response_template', 'request_template_file', 'response_template_file',
                  'headers', 'method')
-DEFAULT_REPLICA_TIMEOUT = 1.0   # seconds a save waits for redis.replicas acknowledgements
 
 _env_pattern = re.compile(r'\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}')
 _zato_env_pattern = re.compile(r'^Zato_Enmasse_Env\.([A-Za-z_][A-Za-z0-9_]*)$')
@@ -117,10 +117,12 @@ class ConnectionConfig(_Frozen):
 
     @model_validator(mode='before')
     @classmethod
-    def _infer(cls, data: Any) -> Any:
+    def _infer(cls, data: Any, info: ValidationInfo) -> Any:
         """``provider`` from the model name and ``address`` from the provider, when not given.
 
         Done in the model, so a ConnectionConfig built by hand is as complete as a loaded one.
+        Files the provider's settings name are read here too, relative to ``base_dir`` in the
+        validation context (the configuration file's directory).
         """
         from llmconn.providers import PROVIDERS  # the provider registry imports this module's types
 
@@ -133,27 +135,8 @@ class ConnectionConfig(_Frozen):
                              f'valid providers are {", ".join(sorted(PROVIDERS))}')
         data['provider'] = provider
         data['address'] = data.get('address') or PROVIDERS[provider].default_address
-        return data
-
-    @model_validator(mode='before')
-    @classmethod
-    def _template_files(cls, data: Any, info: ValidationInfo) -> Any:
-        """Read ``*_template_file`` into the inline key, relative to the configuration file
-        (``base_dir`` in the validation context; the working directory for a config built by hand)."""
-        if not isinstance(data, dict) or data.get('provider') != 'template':
-            return data         # other providers refuse the keys in _consistent
-        from llmconn.providers.template import read_template
-
-        loading = 'base_dir' in (info.context or {})
         base_dir = Path((info.context or {}).get('base_dir', '.'))
-        data = dict(data)
-        for key in ('request_template', 'response_template'):
-            name = data.get(f'{key}_file')
-            if name and data.get(key) and loading:
-                raise ValueError(f'field "{key}": give {key} or {key}_file, not both')
-            if name and isinstance(name, str) and not data.get(key):
-                data[key] = read_template(base_dir / name, f'{key}_file')
-        return data
+        return PROVIDERS[provider].read_files(data, base_dir)
 
     @field_validator('lock_ttl')
     @classmethod
@@ -186,9 +169,8 @@ class ConnectionConfig(_Frozen):
         from llmconn.providers import PROVIDERS
 
         given = [key for key in TEMPLATE_KEYS if key in self.model_fields_set]
-        if given and self.provider != 'template':
-            raise ValueError(f'field "{given[0]}": only provider template reads it; remove it or set '
-                             f'provider: template')
+        if self.provider != 'template' and given:
+            raise ValueError(f'field "{given[0]}": only provider template reads it; remove it or set provider: template')
         PROVIDERS[self.provider].check_config(self)
         if self.max_stored_turns < self.max_history_turns:
             raise ValueError('max_stored_turns must be at least max_history_turns')

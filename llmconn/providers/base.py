@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
 from llmconn.errors import InvalidInput, LLMError
@@ -80,6 +81,11 @@ class Provider:
         if conf.state != 'local' and STATEFUL not in cls.capabilities:
             raise ValueError(f'field "state": provider {cls.name} is stateless, only "local" is valid')
         check_reserved(cls.reserved_params, conf.params, ValueError)
+
+    @classmethod
+    def read_files(cls, data: dict, base_dir: Path) -> dict:
+        """A connection's raw settings with the files they name read in, relative to ``base_dir``."""
+        return data
 
     @property
     def tag(self) -> str:

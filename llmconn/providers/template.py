@@ -61,6 +61,16 @@ class TemplateProvider(Provider):
         self._headers = {name: compile_template(env, value, f'headers.{name}') for name, value in conf.headers.items()}
 
     @classmethod
+    def read_files(cls, data: dict, base_dir: Path) -> dict:
+        for key in (REQUEST, RESPONSE):
+            name = data.get(f'{key}_file')
+            if name and data.get(key):
+                raise ValueError(f'field "{key}": give {key} or {key}_file, not both')
+            if name and isinstance(name, str):
+                data[key] = _read(base_dir / name, f'{key}_file')
+        return data
+
+    @classmethod
     def check_config(cls, conf: 'ConnectionConfig') -> None:
         super().check_config(conf)
         if not conf.address:
@@ -187,8 +197,7 @@ def _label(conf: 'ConnectionConfig', key: str) -> str:
     return f'{key} ({path})' if path else key
 
 
-def read_template(path: Path, key: str) -> str:
-    """The text of a template file (a ValueError naming ``key`` when it cannot be used)."""
+def _read(path: Path, key: str) -> str:
     try:
         with path.open('rb') as f:
             data = f.read(MAX_TEMPLATE_FILE_BYTES + 1)
