@@ -19,6 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Field, SecretStr, ValidationError, 
                       model_validator)
 
 from llmconn.errors import ConfigError
+from llmconn.gateway.keys import GatewayConfig
 from llmconn.redact import mask_url
 
 # Zato's defaults, so a Zato author finds the same behaviour here.
@@ -229,10 +230,16 @@ class Config(_Frozen):
     redis: RedisConfig = RedisConfig()
     skills_dir: str = 'skills'
     server: ServerConfig = ServerConfig()
+    gateway: GatewayConfig = GatewayConfig()     # the OpenAI-compatible routes, see llmconn.gateway
     llm: tuple[ConnectionConfig, ...] = ()
     # Where the file lives; relative paths (skills_dir) resolve against it.
     base_dir: Path = Path('.')
     source: str = '<dict>'
+
+    @model_validator(mode='after')
+    def _gateway_models(self) -> 'Config':
+        self.gateway.check_models({conn.name for conn in self.llm})
+        return self
 
     @property
     def skills_path(self) -> Path:
@@ -328,10 +335,10 @@ def load_dict(data: Any, base_dir: str | os.PathLike = '.', source: str = '<dict
     environ = os.environ if environ is None else environ
     if not isinstance(data, dict):
         raise ConfigError(f'{source}: the top level must be a mapping with keys redis, skills_dir, llm')
-    unknown = set(data) - {'redis', 'skills_dir', 'server', 'llm'}
+    unknown = set(data) - {'redis', 'skills_dir', 'server', 'gateway', 'llm'}
     if unknown:
         raise ConfigError(f'{source}: unknown top-level key(s) {", ".join(sorted(map(str, unknown)))}; '
-                          f'valid keys are redis, skills_dir, server, llm')
+                          f'valid keys are redis, skills_dir, server, gateway, llm')
     raw_conns = data.get('llm') or []
     if not isinstance(raw_conns, list):
         raise ConfigError(f'{source}: "llm" must be a list of connections')

@@ -39,6 +39,7 @@ from typing import Any, Iterator
 import requests
 from requests.adapters import HTTPAdapter
 
+from llmconn import observe
 from llmconn.deadline import WATCHED_POOLS, Deadline
 from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
 from llmconn.providers.base import JSON_BODY, SSE
@@ -167,11 +168,14 @@ class Transport:
         data = None if body is None else _encode(body)
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
+            started = mod_time.perf_counter()
             try:
                 with deadline.watching():
                     response = self.session.send(self._prepare(method, url, headers, data),
                                                  timeout=self._socket_timeout(deadline), stream=stream)
             except requests.RequestException as e:
+                observe.provider_call(self.name, 'timeout' if deadline.fired or isinstance(e, requests.Timeout)
+                                      else 'unreachable', started, attempt)
                 self._raise_if_expired(deadline)
                 if isinstance(e, requests.Timeout) and not isinstance(e, requests.ConnectTimeout):
                     raise LLMTimeout(self._redact(f'{self.name}: no answer from the provider within '
@@ -187,6 +191,7 @@ class Transport:
                                      connection=self.name) from None
                 raise self._error(f'cannot reach the provider ({type(e).__name__}); check "address" '
                                   f'and that the provider is up') from None
+            observe.provider_call(self.name, response.status_code, started, attempt)
             if response.status_code < 400:
                 return response
             wait = self._retry_wait(response, attempt)
