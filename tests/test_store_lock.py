@@ -338,3 +338,24 @@ def test_a_lock_handed_to_a_waiter_as_it_gives_up_goes_to_the_next(store, other,
     _leave(other, keys, 'aa11', reply[3])
     assert not redis_client.exists(keys.lock)
     other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0).release()
+
+
+def test_a_cancelled_waiter_leaves_the_queue(store, other, unique, redis_client):
+    keys = chat_keys(unique, 'c')
+    holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+
+    class Cancelled(BaseException):
+        """As a greenlet kill arrives in a blocked waiter."""
+
+    block = other._runner.block
+
+    def cancelled(key, timeout):
+        raise Cancelled()
+
+    other._runner.block = cancelled
+    with pytest.raises(Cancelled):
+        other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    other._runner.block = block
+    assert redis_client.llen(keys.queue) == 0
+    holder.release()
+    assert not redis_client.exists(keys.lock)          # nobody was handed a lock it would never claim

@@ -90,3 +90,15 @@ def test_replicas_are_validated():
 def test_unix_socket_url():
     target = parse_redis_url('unix:///run/redis.sock?db=2')
     assert (target.kind, target.path, target.db) == (SINGLE, '/run/redis.sock', 2)
+
+
+def test_url_options_reach_the_clients():
+    for url in ('redis://127.0.0.1:1/0?socket_timeout=1.5&max_connections=7&health_check_interval=3',
+                'redis+sentinel://127.0.0.1:1/m/0?socket_timeout=1.5&sentinel_password=x'):
+        store = open_store(url)
+        kwargs = store._runner.client.connection_pool.connection_kwargs
+        assert kwargs['socket_timeout'] == 1.5
+        store.close()
+    store = open_store('redis://127.0.0.1:1/0?max_connections=7')
+    assert store._runner.client.connection_pool.max_connections == 7
+    store.close()

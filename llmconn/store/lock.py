@@ -237,18 +237,24 @@ def acquire(store: 'ChatStore', keys: 'ChatKeys', token: str, *, window: int, tt
         raise busy()
     deadline = clock() + lock_wait
     pttl, place, entry = reply[1], reply[2], reply[3]
-    while True:
-        remaining = deadline - clock()
-        if remaining <= 0:
+    try:
+        while True:
+            remaining = deadline - clock()
+            if remaining <= 0:
+                raise busy()
+            # Asleep for as long as the holder's lock has left: a dead holder is noticed when it expires.
+            timeout = min(remaining, BLOCK_CAP, pttl / 1000.0 if pttl > 0 else MIN_BLOCK if pttl == -2 else BLOCK_CAP)
+            store._block(keys.wake(token), max(timeout, MIN_BLOCK))
+            reply = store._script('acquire', acquire_keys, (token, ttl_ms, window, int(remaining * 1000) or 1, entry))
+            if reply[0] == 1:
+                return reply[1], place
+            pttl, entry = reply[1], reply[3]
+    except BaseException as exc:
+        # Giving up (ChatBusy), or cancelled (a greenlet killed, a client gone): leave the line, so
+        # nobody hands this call the lock and waits for it. With Redis down there is nothing to leave.
+        if not isinstance(exc, StoreError):
             _leave(store, keys, token, entry)
-            raise busy()
-        # Asleep for as long as the holder's lock has left: a dead holder is noticed when it expires.
-        timeout = min(remaining, BLOCK_CAP, pttl / 1000.0 if pttl > 0 else MIN_BLOCK if pttl == -2 else BLOCK_CAP)
-        store._block(keys.wake(token), max(timeout, MIN_BLOCK))
-        reply = store._script('acquire', acquire_keys, (token, ttl_ms, window, int(remaining * 1000) or 1, entry))
-        if reply[0] == 1:
-            return reply[1], place
-        pttl, entry = reply[1], reply[3]
+        raise
 
 
 def _leave(store: 'ChatStore', keys: 'ChatKeys', token: str, entry: bytes) -> None:
