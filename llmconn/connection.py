@@ -27,6 +27,7 @@ from llmconn.checks import check_chat_id as _check_chat_id
 from llmconn.checks import check_text as _check_text
 from llmconn.config import ConnectionConfig
 from llmconn.errors import InactiveConnection, InvalidInput, LLMError
+from llmconn.lifetime import Counted, InFlight
 from llmconn.providers import PROVIDERS
 from llmconn.providers.base import STREAM, SYSTEM
 from llmconn.skills import SkillCache
@@ -50,6 +51,8 @@ class Connection:
                                                 max_retries=conf.max_retries, secret=conf.secret_value,
                                                 address=conf.address, stream_timeout=conf.stream_timeout)
         self._headers = self.provider.headers()
+        self.calls = InFlight()         # running calls: a connection a reload replaced closes after the last
+        self.closed = False
 
     def __repr__(self) -> str:
         return f'<Connection {self.name!r} provider={self.conf.provider} model={self.conf.model}>'
@@ -78,6 +81,10 @@ class Connection:
         (404 or 405: some compatible servers and gateways) is asked a one-word question.
         """
         self._check_active()
+        with self.calls:
+            return self._ping()
+
+    def _ping(self) -> bool:
         try:
             self.transport.get(self.provider.ping_url(), self._headers)
         except LLMError as e:
@@ -90,7 +97,9 @@ class Connection:
         """Every stored message of the chat, oldest first, as ``{"role", "content"}``."""
         _check_chat_id(chat_id, required=True)
         messages = []
-        for turn in self.store.history(self.name, chat_id):
+        with self.calls:
+            turns = self.store.history(self.name, chat_id)
+        for turn in turns:
             # clean(): a turn stored before text was cleaned may hold a lone surrogate.
             messages.append({'role': 'user', 'content': clean(turn.user)})
             messages.append({'role': 'assistant', 'content': clean(turn.assistant)})
@@ -98,10 +107,20 @@ class Connection:
 
     def delete_history(self, chat_id: str) -> None:
         _check_chat_id(chat_id, required=True)
-        self.store.delete(self.name, chat_id)
+        with self.calls:
+            self.store.delete(self.name, chat_id)
 
     def close(self) -> None:
+        self.closed = True
         self.transport.close()
+
+    def retire(self, then=None) -> None:
+        """Close once the calls running now have finished, then run ``then`` (see :mod:`llmconn.lifetime`)."""
+        def close_then() -> None:
+            self.close()
+            if then is not None:
+                then()
+        self.calls.retire(close_then)
 
     # -- the pipeline ----------------------------------------------------------------------------
 
@@ -111,7 +130,7 @@ class Connection:
         _check_text(text)
         _check_chat_id(chat_id, required=False)
         check_params(params, self.provider.reserved_params)
-        return self._pipeline(text, chat_id, self._system(skill), params, stream)
+        return Counted(self._pipeline(text, chat_id, self._system(skill), params, stream), self.calls)
 
     def _pipeline(self, text: str, chat_id: str, system: str, params: dict, stream: bool) -> Iterator[Event]:
         if not chat_id:

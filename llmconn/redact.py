@@ -13,24 +13,38 @@ MASK = '***'
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its password (in the user information or a ``*password=`` query field) shown as ``***``.
+    """``url`` with its userinfo (password, or a lone user that may be a token) and any ``password=``
+    query field shown as ``***``.
 
-    The user information runs to the *last* ``@``, as :mod:`llmconn.store.urls` reads it, so a
-    password holding ``/``, ``#``, ``?`` or ``@`` unencoded is masked whole.
+    Passwords are often pasted unencoded, holding ``/``, ``#``, ``?`` or ``@``,
+    which a URL parser then reads as path, fragment or query, printing the rest
+    of the password. So the userinfo is taken as everything between ``://`` and
+    the last ``@`` before the query, whatever it holds; showing too little of a
+    URL is the safe way to be wrong.
     """
     scheme, sep, rest = url.partition('://')
     if not sep:
         return url if '@' not in url else MASK
-    userinfo, at, rest = rest.rpartition('@')
-    if at:
-        user, colon, _ = userinfo.partition(':')
-        rest = f'{user}:{MASK}@{rest}' if colon else f'{user}@{rest}'
     head, qmark, query = rest.partition('?')
+    user_info, at, host_and_path = head.rpartition('@')
+    if not at and '@' in query:
+        # An unencoded "?" inside the password: the real userinfo ends at an "@" after it.
+        user_info, at, host_and_path = rest.rpartition('@')
+        qmark, query = '', ''
+        host_and_path, qmark, query = host_and_path.partition('?')
+    if at:
+        user, colon, _ = user_info.partition(':')
+        head = (f'{user}:{MASK}' if colon else MASK) + '@' + host_and_path
+    else:
+        head = host_and_path
     if qmark:
-        query, hash_, fragment = query.partition('#')
-        fields = [(k, MASK if 'password' in k.lower() else v) for k, v in parse_qsl(query, keep_blank_values=True)]
-        rest = f'{head}?{urlencode(fields, safe="*/:")}' + (f'#{fragment}' if hash_ else '')
-    return f'{scheme}://{rest}'
+        try:
+            fields = [(k, MASK if k.lower() == 'password' else v)
+                      for k, v in parse_qsl(query, keep_blank_values=True)]
+            query = urlencode(fields, safe='*/:')
+        except ValueError:
+            query = MASK
+    return f'{scheme}://{head}' + (f'?{query}' if qmark else '')
 
 
 def scrub(value: Any, secret: str) -> Any:
