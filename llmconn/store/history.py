@@ -3,7 +3,9 @@
 A chat is a Redis list of JSON turns, oldest first, capped at
 ``max_turns`` and expiring ``expiry`` seconds after its last turn. A chat
 call reads only its window (O(window), whatever is stored) and writes one
-turn: BEGIN and SAVE, one atomic script and one round trip each.
+turn: ACQUIRE and FINISH of :mod:`llmconn.store.lock`, one atomic script
+and one round trip each, sent through the deployment's runner
+(:mod:`llmconn.store.runner`).
 
 This module is the one place where ``redis`` exceptions become
 :class:`StoreError`; nothing above :mod:`llmconn.store` sees them.
