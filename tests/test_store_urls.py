@@ -102,3 +102,18 @@ def test_url_options_reach_the_clients():
     store = open_store('redis://127.0.0.1:1/0?max_connections=7')
     assert store._runner.client.connection_pool.max_connections == 7
     store.close()
+
+
+@pytest.mark.parametrize('url', ['redis+cluster://u:pw-s3cret@127.0.0.1:1,127.0.0.1:2',
+                                 'redis+sentinel://u:pw-s3cret@127.0.0.1:1,127.0.0.1:2/mymaster/0'])
+def test_opening_a_cluster_or_sentinel_store_does_not_connect_and_failing_is_a_store_error(url):
+    import time
+
+    from llmconn.errors import StoreError
+    store = open_store(url)                      # nothing listens there: loading must not care
+    started = time.monotonic()
+    with pytest.raises(StoreError) as info:
+        store.begin('conn', 'c', window=5, lock_ttl=5, lock_wait=5)
+    assert time.monotonic() - started < 5
+    assert 'pw-s3cret' not in str(info.value) and 'u:***@' in str(info.value)
+    store.close()

@@ -98,12 +98,17 @@ def _redis_maker(target: RedisTarget) -> Callable[[float], Any]:
 
 
 def _sentinel_maker(target: RedisTarget) -> Callable[[float], Any]:
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
     from redis.sentinel import Sentinel
 
     kwargs = _common(target)
     max_connections = kwargs.pop('max_connections')
     sentinel_kwargs = {k.removeprefix('sentinel_'): v for k, v in target.options.items() if k.startswith('sentinel_')}
-    sentinel_kwargs.update(socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT)
+    # A sentinel that does not answer is skipped for the next one in the list, at once (redis-py's
+    # default would retry each one three times with backoff before asking the next).
+    sentinel_kwargs.update(socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT,
+                           retry=Retry(NoBackoff(), 0))
     if target.tls:
         sentinel_kwargs['ssl'] = True
     sentinel = Sentinel(list(target.hosts), sentinel_kwargs=sentinel_kwargs, **kwargs)
