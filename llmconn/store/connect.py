@@ -17,7 +17,7 @@ from typing import Any, Callable
 from llmconn.errors import ConfigError
 from llmconn.store.history import ChatStore
 from llmconn.store.lock import ACQUIRE, FINISH, RENEW
-from llmconn.store.runner import ClusterRunner, RedisRunner, SentinelRunner
+from llmconn.store.runner import ClusterRunner, PooledRunner, RedisRunner, SentinelRunner
 from llmconn.store.urls import CLUSTER, MEMORY, SENTINEL, RedisTarget, parse_redis_url
 
 logger = logging.getLogger('llmconn.store')
@@ -61,7 +61,7 @@ def open_store(url: str, *, clock: Callable[[], float] | None = None, replicas: 
         runner = RedisRunner(lambda timeout: client, SCRIPTS, SOCKET_TIMEOUT)
         return ChatStore(runner, target, shared=False, clock=clock)
     make = {CLUSTER: _cluster_maker, SENTINEL: _sentinel_maker}.get(target.kind, _redis_maker)(target)
-    kind = {CLUSTER: ClusterRunner, SENTINEL: SentinelRunner}.get(target.kind, RedisRunner)
+    kind = {CLUSTER: ClusterRunner, SENTINEL: SentinelRunner}.get(target.kind, PooledRunner)
     try:
         runner = kind(make, SCRIPTS, target.options.get('socket_timeout', SOCKET_TIMEOUT))
     except (TypeError, ValueError) as exc:
