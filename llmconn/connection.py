@@ -22,6 +22,7 @@ import time as mod_time
 from dataclasses import replace
 from typing import Any, Iterator
 
+from llmconn import observe
 from llmconn.checks import MAX_CHAT_ID_CHARS, MAX_TEXT_CHARS, check_params, check_skill  # noqa: F401
 from llmconn.checks import check_chat_id as _check_chat_id
 from llmconn.checks import check_text as _check_text
@@ -34,6 +35,7 @@ from llmconn.skills import SkillCache
 from llmconn.text import clean
 from llmconn.transport import Transport
 from llmconn.types import Event, Request, Turn
+from llmconn.usage import NO_LEDGER
 
 PING_TEXT = 'ping'              # what ping() asks a server that has no model list
 
@@ -41,7 +43,8 @@ PING_TEXT = 'ping'              # what ping() asks a server that has no model li
 class Connection:
     """A named provider connection with its HTTP pool and access to the chat store."""
 
-    def __init__(self, conf: ConnectionConfig, store, skills: SkillCache, transport: Transport | None = None) -> None:
+    def __init__(self, conf: ConnectionConfig, store, skills: SkillCache, transport: Transport | None = None,
+                 usage=None) -> None:
         self.conf = conf
         self.name = conf.name
         self.provider = PROVIDERS[conf.provider](conf)
@@ -51,6 +54,7 @@ class Connection:
                                                 max_retries=conf.max_retries, secret=conf.secret_value,
                                                 address=conf.address, stream_timeout=conf.stream_timeout)
         self._headers = self.provider.headers()
+        self.usage = usage or NO_LEDGER      # counts every call, see llmconn.usage
         self.calls = InFlight()         # running calls: a connection a reload replaced closes after the last
         self.closed = False
 
@@ -85,12 +89,15 @@ class Connection:
             return self._ping()
 
     def _ping(self) -> bool:
+        url = self.provider.ping_url()
         try:
-            self.transport.get(self.provider.ping_url(), self._headers)
+            if url:
+                self.transport.get(url, self._headers)
+                return True
         except LLMError as e:
             if e.status not in (404, 405):
                 raise
-            self._drain(self._call(Request(PING_TEXT)))
+        self._drain(self._call(Request(PING_TEXT)))
         return True
 
     def history(self, chat_id: str) -> list[dict]:
@@ -130,9 +137,13 @@ class Connection:
         _check_text(text)
         _check_chat_id(chat_id, required=False)
         check_params(params, self.provider.reserved_params)
-        return Counted(self._pipeline(text, chat_id, self._system(skill), params, stream), self.calls)
+        tally = self.usage.call(self.name, self.conf.model)
+        return Counted(observe.call(self.name, tally.track(self._pipeline(text, chat_id, self._system(skill), params,
+                                                                          stream, tally))),
+                       self.calls)
 
-    def _pipeline(self, text: str, chat_id: str, system: str, params: dict, stream: bool) -> Iterator[Event]:
+    def _pipeline(self, text: str, chat_id: str, system: str, params: dict, stream: bool,
+                  tally) -> Iterator[Event]:
         if not chat_id:
             yield from self._call(Request(text, system, (), params, stream))
             return
@@ -155,8 +166,10 @@ class Connection:
             lock.save(Turn(user=text, assistant=reply.text, items=reply.items,
                            tag=self.provider.tag if reply.items else '',
                            response_id=reply.response_id if keep_id else '', chain=chain if keep_id else 0,
-                           ts=mod_time.time()),
-                      expiry=conf.chat_expiry, max_turns=conf.max_stored_turns)
+                           ts=mod_time.time(), meta=reply.meta),
+                      expiry=conf.chat_expiry, max_turns=conf.max_stored_turns,
+                      counters=tally.save_entry(self.name, chat_id, done.result))
+            tally.saved()
             yield done
 
     def _chat_request(self, window: list, text: str, system: str, params: dict, stream: bool):
@@ -170,18 +183,20 @@ class Connection:
     def _call_reseeding(self, request: Request, window: list, chain: int) -> Iterator[tuple[Event, int]]:
         """Call the provider, yielding each event with the provider-side chain length it makes.
 
-        If the provider forgot the chain we continue, a new one starts from local history.
+        If the provider forgot the chain we continue, a new one starts from local history. The
+        state may also be ids a template endpoint's reply kept (``Turn.meta``): dropped the same way.
         """
         events = self._call(request)
-        if request.previous_response_id:
+        state_ids = [request.previous_response_id] if request.previous_response_id else _kept_ids(request.history)
+        if state_ids:
             try:
                 first = next(events)
             except LLMError as e:
-                if not _forgot_previous(e, request.previous_response_id):
+                if not any(_forgot_previous(e, state_id) for state_id in state_ids):
                     raise
                 # The local window is the truth; the provider's copy of the chain is gone, and with it
                 # the stored items our turns' reasoning refers to, so those turns go back as plain text.
-                plain = tuple(replace(turn, items=()) for turn in window)
+                plain = tuple(replace(turn, items=(), meta={}) for turn in window)
                 events = self._call(Request(request.text, request.system, plain, request.params, request.stream))
                 chain = len(window) + 1
             else:
@@ -194,6 +209,9 @@ class Connection:
         if request.stream:
             yield from self.provider.read_stream(
                 self.transport.post_stream(self.provider.url(stream=True), self._headers, body))
+        elif self.provider.raw_answers:
+            yield self.provider.done(self.provider.parse_response(
+                self.transport.exchange(self.provider.http_method, self.provider.url(), self._headers, body)))
         else:
             yield self.provider.done(self.provider.parse_response(
                 self.transport.post(self.provider.url(stream=False), self._headers, body)))
@@ -243,6 +261,12 @@ def _forgot_previous(error: LLMError, previous_id: str = '') -> bool:
         return False
     return ('previous response' in lower or 'previous_response_id' in lower
             or bool(previous_id) and previous_id in text)
+
+
+def _kept_ids(history: tuple) -> list[str]:
+    """The ids the window's replies kept for the provider (``['']`` when they kept only other values)."""
+    kept = [value for turn in history for value in turn.meta.values()]
+    return [value for value in kept if isinstance(value, str) and value] or ([''] if kept else [])
 
 
 def _json_text(value: Any) -> str:

@@ -39,12 +39,14 @@ from typing import Any, Iterator
 import requests
 from requests.adapters import HTTPAdapter
 
+from llmconn import observe
 from llmconn.deadline import WATCHED_POOLS, Deadline
 from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
 from llmconn.providers.base import JSON_BODY, SSE
 from llmconn.redact import scrub
 from llmconn.sse import decode_json, iter_sse, sniff
 from llmconn.text import clean_value
+from llmconn.types import HTTPAnswer
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +90,17 @@ class Transport:
         """POST ``body`` and return the provider's parsed JSON answer."""
         return self._whole('POST', url, headers, body)
 
+    def exchange(self, method: str, url: str, headers: dict, body: Any) -> HTTPAnswer:
+        """Send ``body`` and return the final answer as it came, an error status included.
+
+        Retries and the deadline are those of :meth:`post`; only the last answer
+        of a failing status is handed back instead of raised, for a provider that
+        reads statuses itself (template endpoints).
+        """
+        response = self._whole(method, url, headers, body, answer_errors=True)
+        return HTTPAnswer(response.status_code, {k.lower(): v for k, v in response.headers.items()},
+                          _text(response.content))
+
     def post_stream(self, url: str, headers: dict, body: dict) -> Iterator[SSE]:
         """POST ``body`` and yield the server-sent events of the answer as they arrive."""
         deadline = Deadline.after(min(self.timeout[1], self.stream_timeout))
@@ -121,11 +134,13 @@ class Transport:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _whole(self, method: str, url: str, headers: dict, body: dict | None) -> Any:
-        """A non-streamed call, all of it (retries too) within ``timeout``."""
+    def _whole(self, method: str, url: str, headers: dict, body: Any, answer_errors: bool = False) -> Any:
+        """A non-streamed call, all of it (retries too) within ``timeout``: its JSON, or with
+        ``answer_errors`` the response itself, read, whatever its status."""
         deadline = Deadline.after(self.timeout[1])
         try:
-            response = self._send(method, url, headers, body, stream=True, deadline=deadline)
+            response = self._send(method, url, headers, body, stream=True, deadline=deadline,
+                                  answer_errors=answer_errors)
             try:
                 response.content    # noqa: B018 - read the body while the deadline watches
             except requests.RequestException as e:
@@ -133,7 +148,7 @@ class Transport:
                 raise self._error(f'the answer broke before it was complete ({type(e).__name__}); '
                                   f'try again') from None
             self._raise_if_expired(deadline)
-            return self._json(response)
+            return response if answer_errors else self._json(response)
         finally:
             deadline.cancel()
 
@@ -148,16 +163,19 @@ class Transport:
         raise LLMTimeout(self._redact(f'{self.name}: {what}; raise it or check the provider'),
                          connection=self.name) from None
 
-    def _send(self, method: str, url: str, headers: dict, body: dict | None, stream: bool,
-              deadline: Deadline):
+    def _send(self, method: str, url: str, headers: dict, body: Any, stream: bool,
+              deadline: Deadline, answer_errors: bool = False):
         data = None if body is None else _encode(body)
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
+            started = mod_time.perf_counter()
             try:
                 with deadline.watching():
                     response = self.session.send(self._prepare(method, url, headers, data),
                                                  timeout=self._socket_timeout(deadline), stream=stream)
             except requests.RequestException as e:
+                observe.provider_call(self.name, 'timeout' if deadline.fired or isinstance(e, requests.Timeout)
+                                      else 'unreachable', started, attempt)
                 self._raise_if_expired(deadline)
                 if isinstance(e, requests.Timeout) and not isinstance(e, requests.ConnectTimeout):
                     raise LLMTimeout(self._redact(f'{self.name}: no answer from the provider within '
@@ -173,10 +191,13 @@ class Transport:
                                      connection=self.name) from None
                 raise self._error(f'cannot reach the provider ({type(e).__name__}); check "address" '
                                   f'and that the provider is up') from None
+            observe.provider_call(self.name, response.status_code, started, attempt)
             if response.status_code < 400:
                 return response
             wait = self._retry_wait(response, attempt)
             if wait is None or last or wait >= deadline.remaining():
+                if answer_errors:
+                    return response
                 try:
                     error = self._status_error(response)
                 except requests.RequestException as e:

@@ -27,6 +27,9 @@ class Turn:
     response_id: str = ''
     chain: int = 0
     ts: float = 0.0
+    # Fields the provider attached to the reply to be handed back with this turn (template
+    # endpoints: a thread or session id); JSON values, windowed with the turn.
+    meta: Mapping = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {'u': self.user, 'a': self.assistant, 'ts': self.ts}
@@ -36,12 +39,15 @@ class Turn:
         if self.response_id:
             d['r'] = self.response_id
             d['c'] = self.chain
+        if self.meta:
+            d['m'] = dict(self.meta)
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> 'Turn':
         return cls(user=d['u'], assistant=d['a'], items=tuple(d.get('i', ())), tag=d.get('t', ''),
-                   response_id=d.get('r', ''), chain=d.get('c', 0), ts=d.get('ts', 0.0))
+                   response_id=d.get('r', ''), chain=d.get('c', 0), ts=d.get('ts', 0.0),
+                   meta=d.get('m') or {})
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,7 @@ class Reply:
     items: tuple = ()                   # opaque items to store with the turn
     response_id: str = ''
     model: str = ''
+    meta: Mapping = field(default_factory=dict)     # stored with the turn, see Turn.meta
 
     def as_result(self) -> dict:
         """The plain dict ``invoke``, ``chat`` and the ``done`` event return."""
@@ -83,6 +90,15 @@ class Reply:
         if self.thinking:
             result['thinking'] = self.thinking
         return result
+
+
+@dataclass(frozen=True)
+class HTTPAnswer:
+    """A provider's final HTTP answer as it came, for providers that read status and text themselves."""
+
+    status: int
+    headers: Mapping        # names lower-cased
+    text: str
 
 
 @dataclass(frozen=True)

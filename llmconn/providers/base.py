@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
 from llmconn.errors import InvalidInput, LLMError
@@ -63,6 +64,10 @@ class Provider:
     capabilities: ClassVar[frozenset[str]] = frozenset()
     # Body keys the mapping itself sets from the configuration and the chat; params may not.
     reserved_params: ClassVar[frozenset[str]] = frozenset()
+    # True when parse_response takes the final HTTPAnswer (status, headers, text, errors included)
+    # instead of the parsed JSON of a successful answer; http_method is then the method to send.
+    raw_answers: ClassVar[bool] = False
+    http_method: str = 'POST'
 
     def __init__(self, conf: 'ConnectionConfig') -> None:
         self.conf = conf
@@ -76,6 +81,11 @@ class Provider:
         if conf.state != 'local' and STATEFUL not in cls.capabilities:
             raise ValueError(f'field "state": provider {cls.name} is stateless, only "local" is valid')
         check_reserved(cls.reserved_params, conf.params, ValueError)
+
+    @classmethod
+    def read_files(cls, data: dict, base_dir: Path) -> dict:
+        """A connection's raw settings with the files they name read in, relative to ``base_dir``."""
+        return data
 
     @property
     def tag(self) -> str:
@@ -94,7 +104,7 @@ class Provider:
         raise NotImplementedError
 
     def ping_url(self) -> str:
-        """A cheap GET that proves the provider answers and accepts our credentials."""
+        """A cheap GET that proves the provider answers and accepts our credentials ('' when there is none)."""
         raise NotImplementedError
 
     def headers(self) -> dict[str, str]:
@@ -129,7 +139,8 @@ class Provider:
     def done(reply: Reply) -> Event:
         """The final event; its text is valid Unicode whatever the provider sent (see :mod:`llmconn.text`)."""
         reply = dataclasses.replace(reply, text=clean(reply.text), thinking=clean(reply.thinking),
-                                    items=clean_value(reply.items), raw=clean_value(reply.raw))
+                                    items=clean_value(reply.items), raw=clean_value(reply.raw),
+                                    meta=clean_value(reply.meta))
         return Event('done', result=reply.as_result(), reply=reply)
 
     # Whether a JSON answer to a stream request is a list of stream chunks (Gemini without
