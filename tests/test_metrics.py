@@ -363,3 +363,18 @@ def test_an_unusable_multiprocess_directory_is_a_clear_error(tmp_path, monkeypat
     monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(tmp_path / 'missing'))
     with pytest.raises(ConfigError, match='create that directory.*--no-metrics'):
         MultiprocessDir()
+
+
+def test_request_labels_are_bounded_whatever_the_path():
+    from types import SimpleNamespace
+
+    from llmconn.wsgi import App
+    app = App(SimpleNamespace(deployer=SimpleNamespace(services={'demo.llm.ask': object()})))
+    labels = {path: app._label(path) for path in (
+        '/demo.llm.ask', '/metrics', '/ready', '/no-such-service', '/x' * 50, '/v1/chat/completions',
+        '/v1/responses', '/v1/responses/resp_123abc', '/v1/models/Support', '/v1/anything')}
+    assert labels == {
+        '/demo.llm.ask': 'demo.llm.ask', '/metrics': 'metrics', '/ready': 'ready', '/no-such-service': '',
+        '/x' * 50: '', '/v1/chat/completions': 'v1/chat/completions', '/v1/responses': 'v1/responses',
+        '/v1/responses/resp_123abc': 'v1/responses/{id}', '/v1/models/Support': 'v1/models/{id}',
+        '/v1/anything': ''}
