@@ -217,7 +217,13 @@ def test_metrics_of_two_workers_are_summed_and_their_directory_removed(setup, pr
         pids.update(post(url, 'test.pid', {}).json()['pid'] for _ in range(20))
         sent = exercise(url, provider)
         sent['requests'][('test.pid', '200')] += sum(pids.values())
-        samples = scrape(url)
+        # Each worker counts a request just after its last byte is sent; the scrape may reach the other
+        # worker a moment before that.
+        settled = {}
+        wait_for(lambda: settled.update(s=scrape(url)) or all(
+            value(settled['s'], 'llmconn_requests_total', service=k[0], status=k[1]) == n
+            for k, n in sent['requests'].items()))
+        samples = settled['s']
         assert list(shared_parent.iterdir()), 'the workers write their values under the operator\'s directory'
     finally:
         stop(proc)
@@ -245,6 +251,9 @@ def test_metrics_of_a_worker_that_died_are_kept(setup, provider):
 
     try:
         victim = next(iter(pids()))
+        # A worker counts a request just after its last byte is sent: let the victim finish counting.
+        wait_for(lambda: value(scrape(url), 'llmconn_requests_total', service='test.pid', status='200')
+                 == len(answered))
         os.kill(victim, signal.SIGKILL)         # killed by a signal: the supervisor restarts it
         wait_for(lambda: (lambda seen: victim not in seen and len(seen) == 2)(pids()), timeout=30)
         samples = scrape(url)
