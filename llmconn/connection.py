@@ -22,6 +22,7 @@ import time as mod_time
 from dataclasses import replace
 from typing import Any, Iterator
 
+from llmconn import observe
 from llmconn.checks import MAX_CHAT_ID_CHARS, MAX_TEXT_CHARS, check_params, check_skill  # noqa: F401
 from llmconn.checks import check_chat_id as _check_chat_id
 from llmconn.checks import check_text as _check_text
@@ -34,6 +35,7 @@ from llmconn.skills import SkillCache
 from llmconn.text import clean
 from llmconn.transport import Transport
 from llmconn.types import Event, Request, Turn
+from llmconn.usage import NO_LEDGER
 
 PING_TEXT = 'ping'              # what ping() asks a server that has no model list
 
@@ -41,7 +43,8 @@ PING_TEXT = 'ping'              # what ping() asks a server that has no model li
 class Connection:
     """A named provider connection with its HTTP pool and access to the chat store."""
 
-    def __init__(self, conf: ConnectionConfig, store, skills: SkillCache, transport: Transport | None = None) -> None:
+    def __init__(self, conf: ConnectionConfig, store, skills: SkillCache, transport: Transport | None = None,
+                 usage=None) -> None:
         self.conf = conf
         self.name = conf.name
         self.provider = PROVIDERS[conf.provider](conf)
@@ -51,6 +54,7 @@ class Connection:
                                                 max_retries=conf.max_retries, secret=conf.secret_value,
                                                 address=conf.address, stream_timeout=conf.stream_timeout)
         self._headers = self.provider.headers()
+        self.usage = usage or NO_LEDGER      # counts every call, see llmconn.usage
         self.calls = InFlight()         # running calls: a connection a reload replaced closes after the last
         self.closed = False
 
@@ -133,9 +137,13 @@ class Connection:
         _check_text(text)
         _check_chat_id(chat_id, required=False)
         check_params(params, self.provider.reserved_params)
-        return Counted(self._pipeline(text, chat_id, self._system(skill), params, stream), self.calls)
+        tally = self.usage.call(self.name, self.conf.model)
+        return Counted(observe.call(self.name, tally.track(self._pipeline(text, chat_id, self._system(skill), params,
+                                                                          stream, tally))),
+                       self.calls)
 
-    def _pipeline(self, text: str, chat_id: str, system: str, params: dict, stream: bool) -> Iterator[Event]:
+    def _pipeline(self, text: str, chat_id: str, system: str, params: dict, stream: bool,
+                  tally) -> Iterator[Event]:
         if not chat_id:
             yield from self._call(Request(text, system, (), params, stream))
             return
@@ -159,7 +167,9 @@ class Connection:
                            tag=self.provider.tag if reply.items else '',
                            response_id=reply.response_id if keep_id else '', chain=chain if keep_id else 0,
                            ts=mod_time.time(), meta=reply.meta),
-                      expiry=conf.chat_expiry, max_turns=conf.max_stored_turns)
+                      expiry=conf.chat_expiry, max_turns=conf.max_stored_turns,
+                      counters=tally.save_entry(self.name, chat_id, done.result))
+            tally.saved()
             yield done
 
     def _chat_request(self, window: list, text: str, system: str, params: dict, stream: bool):
