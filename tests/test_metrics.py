@@ -63,7 +63,7 @@ server:
 llm:
   - name: Support
     provider: claude
-    model: claude-sonnet-4-5
+    model: claude-sonnet-5-5
     address: {provider_url}
     secret: sk-metrics-test
     max_retries: 1
@@ -320,7 +320,7 @@ from llmconn import observe
 from llmconn.testing.fake_server import FakeProviderServer
 with FakeProviderServer() as fake:
     registry = llmconn.Registry.from_dict({'redis': {'url': 'memory://'}, 'llm': [
-        {'name': 'C', 'provider': 'claude', 'model': 'claude-sonnet-4-5', 'address': fake.url, 'secret': 'x'}]})
+        {'name': 'C', 'provider': 'claude', 'model': 'claude-sonnet-5-5', 'address': fake.url, 'secret': 'x'}]})
     conn = registry['C']
     conn.chat('hello', chat_id='one')
     events = iter(())
