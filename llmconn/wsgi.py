@@ -16,8 +16,8 @@ it must answer without an API key.
 ``status`` "ok", or "config-error" when the configuration file failed to
 (re)load (a restart would not help: the process could not start with it).
 ``/ready`` is readiness for a load balancer: 200 only when the configuration
-is loaded and the chat store answers, else 503 with a short reason that
-holds no secret and no host:port.
+is loaded, the chat store answers and the server is not shutting down,
+else 503 with a short reason that holds no secret and no host:port.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from llmconn.responses import (CHAT_BUSY_RETRY_AFTER, HTTPFailure, InvalidRespon
                                sse_response, status_line)
 from llmconn import admin_page
 from llmconn import logs, observe
+from llmconn.server_limits import BODY_TIMEOUT_KEY
 from llmconn.service import new_cid, run
 
 logger = logging.getLogger('llmconn.server')
@@ -173,7 +174,10 @@ def _health(app: App, environ: dict, cid: str) -> tuple:
 
 
 def _ready(app: App, environ: dict, cid: str) -> tuple:
-    reason = _CONFIG_REASON if app.config_error() else app.store_problem()
+    if app.draining:
+        reason = 'the server is shutting down'
+    else:
+        reason = _CONFIG_REASON if app.config_error() else app.store_problem()
     if reason:
         return json_response(503, {'status': 'not-ready', 'reason': reason})
     return json_response(200, {'status': 'ready'})
@@ -242,14 +246,22 @@ class _Tracked:
 
 def read_body(environ: dict) -> bytes:
     """The request body; a body that ends early or stalls is the client's fault (400/408), not a 500."""
+    deadline = Timeout(environ.get(BODY_TIMEOUT_KEY))     # None: unbounded (not under llmconn serve)
+    deadline.start()
     try:
         return _read_body(environ)
+    except Timeout as e:
+        if e is not deadline:
+            raise
+        raise HTTPFailure(408, 'the request body did not arrive in time; send it whole') from None
     except TimeoutError:
         raise HTTPFailure(408, 'the request body did not arrive in time; send it whole') from None
     except OSError as e:        # gevent: "unexpected end of file", a bad chunk
         logger.info('Incomplete request body: %s', e)
         raise HTTPFailure(400, 'the request body ended before its declared length, or its chunks are '
                                'malformed; send the whole body') from None
+    finally:
+        deadline.cancel()
 
 
 def _read_body(environ: dict) -> bytes:
