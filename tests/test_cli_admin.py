@@ -234,3 +234,18 @@ def test_quit_on_a_terminal_leaves_with_status_0(config, unique):
     finally:
         if term.process.poll() is None:
             term.process.kill()
+
+
+def test_chat_text_cannot_drive_the_operators_terminal(config, unique):
+    hostile = 'hi \x1b]0;pwned\x07 \x1b[2J there'
+    assert llmconn_cli('chat', unique, hostile, '--chat-id', 'esc', '--config', config).returncode == 0
+    term = Terminal([sys.executable, '-m', 'llmconn', 'history', unique, 'esc', '--config', config])
+    try:
+        shown = term.expect('assistant: ')
+        assert '\x1b' not in shown and '\\x1b]0;pwned\\x07' in shown
+        assert term.close() == 0
+    finally:
+        if term.process.poll() is None:
+            term.process.kill()
+    piped = llmconn_cli('history', unique, 'esc', '--config', config)     # not a terminal: the text as stored
+    assert hostile in piped.stdout
