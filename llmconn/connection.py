@@ -22,6 +22,7 @@ import time as mod_time
 from dataclasses import replace
 from typing import Any, Iterator
 
+from llmconn import observe
 from llmconn.checks import MAX_CHAT_ID_CHARS, MAX_TEXT_CHARS, check_params, check_skill  # noqa: F401
 from llmconn.checks import check_chat_id as _check_chat_id
 from llmconn.checks import check_text as _check_text
@@ -137,7 +138,8 @@ class Connection:
         _check_chat_id(chat_id, required=False)
         check_params(params, self.provider.reserved_params)
         tally = self.usage.call(self.name, self.conf.model)
-        return Counted(tally.track(self._pipeline(text, chat_id, self._system(skill), params, stream, tally)),
+        return Counted(observe.call(self.name, tally.track(self._pipeline(text, chat_id, self._system(skill), params,
+                                                                          stream, tally))),
                        self.calls)
 
     def _pipeline(self, text: str, chat_id: str, system: str, params: dict, stream: bool,

@@ -24,7 +24,8 @@ import re
 from http import HTTPStatus
 from typing import Any, Iterable, Iterator, Mapping
 
-from llmconn.errors import ChatBusy, InvalidInput, LLMConnError, LLMError, ServiceError, StoreError, UnknownService
+from llmconn.errors import (ChatBusy, InvalidInput, LLMConnError, LLMError, LockLost, ServiceError, StoreError,
+                            UnknownService)
 
 logger = logging.getLogger('llmconn.server')
 
@@ -36,6 +37,7 @@ SSE_HEADERS = [('Content-Type', 'text/event-stream; charset=utf-8'), ('Cache-Con
 INTERNAL_ERROR = 'internal error; the server log has the details under this cid'
 CHAT_BUSY = f'the chat is busy with another call; retry in {CHAT_BUSY_RETRY_AFTER} s'
 STORE_DOWN = 'the chat store is unavailable; try again shortly'
+LOCK_LOST = 'the call lost its hold on the chat and stored nothing; retry it'
 
 # RFC 9110 token characters: what a header name may hold.
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -74,6 +76,8 @@ def classify(e: BaseException) -> tuple[int, str, list]:
         return 429, CHAT_BUSY, [('Retry-After', str(CHAT_BUSY_RETRY_AFTER))]
     if isinstance(e, LLMError):
         return 502, str(e), []
+    if isinstance(e, LockLost):
+        return 503, LOCK_LOST, []
     if isinstance(e, StoreError):
         return 503, STORE_DOWN, []
     if isinstance(e, LLMConnError):     # ConfigError, UnknownConnection...: our messages carry no secrets

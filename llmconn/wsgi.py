@@ -16,8 +16,8 @@ it must answer without an API key.
 ``status`` "ok", or "config-error" when the configuration file failed to
 (re)load (a restart would not help: the process could not start with it).
 ``/ready`` is readiness for a load balancer: 200 only when the configuration
-is loaded and the chat store answers, else 503 with a short reason that
-holds no secret and no host:port.
+is loaded, the chat store answers and the server is not shutting down,
+else 503 with a short reason that holds no secret and no host:port.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import json
 import logging
 import time as mod_time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterable, Iterator
 
 from gevent import GreenletExit, Timeout
@@ -35,6 +36,8 @@ from llmconn.responses import (CHAT_BUSY_RETRY_AFTER, HTTPFailure, InvalidRespon
                                classify, encode_event, encode_response, error_response, json_response,
                                sse_response, status_line)
 from llmconn import admin_page
+from llmconn import logs, observe
+from llmconn.server_limits import BODY_TIMEOUT_KEY
 from llmconn.service import new_cid, run
 
 logger = logging.getLogger('llmconn.server')
@@ -63,8 +66,8 @@ class App:
 
     def __call__(self, environ: dict, start_response) -> Iterable[bytes]:
         cid = new_cid()
-        started = mod_time.perf_counter()
         method, path = environ['REQUEST_METHOD'], environ.get('PATH_INFO') or '/'
+        tally = observe.start_request(cid, method, path)
         self.active += 1
         try:
             try:
@@ -80,11 +83,18 @@ class App:
         except BaseException:
             self.active -= 1        # no body to close: nothing else would count this request out
             raise
-        logger.info('%s %s %d %.1fms cid=%s', method, path, status, (mod_time.perf_counter() - started) * 1000, cid)
-        return _Tracked(body, self._finished)
+        tally.status, tally.service = status, self._label(path)
+        return _Tracked(body, partial(self._finished, tally))
 
-    def _finished(self) -> None:
+    def _finished(self, tally: observe.RequestTally) -> None:
         self.active -= 1
+        observe.finish_request(tally)
+        logs.access(logger, tally)      # when the last byte is sent: a stream's line has its tokens
+
+    def _label(self, path: str) -> str:
+        """The path's service name for metrics, or '' when it names none (bounded: not the client's to choose)."""
+        name = path.strip('/')
+        return name if name in self.host.deployer.services or name in ROUTES else ''
 
     def _dispatch(self, environ: dict, method: str, path: str, cid: str) -> tuple:
         if path.startswith(GATEWAY_PREFIX) and self.host.registry.config.gateway.enabled:
@@ -122,8 +132,8 @@ class App:
         keys = self.host.registry.config.server.api_keys
         return [k.get_secret_value().encode() for k in keys if k.get_secret_value()]
 
-    def _check_api_key(self, environ: dict) -> None:
-        keys = self._api_keys()
+    def _check_api_key(self, environ: dict, extra: tuple = ()) -> None:
+        keys = self._api_keys() + [k.encode() for k in extra if k]
         if not keys:
             return
         given = environ.get('HTTP_X_API_KEY', '')
@@ -164,7 +174,10 @@ def _health(app: App, environ: dict, cid: str) -> tuple:
 
 
 def _ready(app: App, environ: dict, cid: str) -> tuple:
-    reason = _CONFIG_REASON if app.config_error() else app.store_problem()
+    if app.draining:
+        reason = 'the server is shutting down'
+    else:
+        reason = _CONFIG_REASON if app.config_error() else app.store_problem()
     if reason:
         return json_response(503, {'status': 'not-ready', 'reason': reason})
     return json_response(200, {'status': 'ready'})
@@ -185,12 +198,18 @@ def _services(app: App, environ: dict, cid: str) -> tuple:
         'store': {'shared': bool(getattr(registry.store, 'shared', False))}})
 
 
+def _metrics(app: App, environ: dict, cid: str) -> tuple:
+    from llmconn.metrics import respond     # not imported until scraped: prometheus_client stays unloaded
+    return respond(app, environ)
+
+
 # The host's own paths; everything else is a service name. Add an entry to add a route.
 ROUTES: dict[str, Route] = {
     'health': Route(_health, public=True),
     'ready': Route(_ready, public=True),
     'services': Route(_services),
     'admin': Route(admin_page.handle, public=True),     # checks the key itself (also a browser's Basic login)
+    'metrics': Route(_metrics, public=True),    # checks its own keys: see llmconn.metrics.respond
 }
 
 
@@ -227,14 +246,22 @@ class _Tracked:
 
 def read_body(environ: dict) -> bytes:
     """The request body; a body that ends early or stalls is the client's fault (400/408), not a 500."""
+    deadline = Timeout(environ.get(BODY_TIMEOUT_KEY))     # None: unbounded (not under llmconn serve)
+    deadline.start()
     try:
         return _read_body(environ)
+    except Timeout as e:
+        if e is not deadline:
+            raise
+        raise HTTPFailure(408, 'the request body did not arrive in time; send it whole') from None
     except TimeoutError:
         raise HTTPFailure(408, 'the request body did not arrive in time; send it whole') from None
     except OSError as e:        # gevent: "unexpected end of file", a bad chunk
         logger.info('Incomplete request body: %s', e)
         raise HTTPFailure(400, 'the request body ended before its declared length, or its chunks are '
                                'malformed; send the whole body') from None
+    finally:
+        deadline.cancel()
 
 
 def _read_body(environ: dict) -> bytes:

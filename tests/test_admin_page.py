@@ -61,7 +61,7 @@ def app_for(tmp_path, redis_url, provider, unique):
     def make(keys=(API_KEY,)):
         registry = Registry.from_file(_config(tmp_path, redis_url, provider, unique, keys))
         opened.append(registry)
-        return App(SimpleNamespace(registry=registry)), registry
+        return App(SimpleNamespace(registry=registry, deployer=SimpleNamespace(services={}))), registry
 
     yield make
     for registry in opened:
@@ -121,7 +121,7 @@ def test_a_store_that_is_down_shows_its_error_in_the_page(tmp_path, provider, un
     from conftest import free_port
     registry = Registry.from_file(_config(tmp_path, f'redis://127.0.0.1:{free_port()}/0', provider, unique))
     try:
-        status, _, body = _get(App(SimpleNamespace(registry=registry)), headers={'HTTP_X_API_KEY': API_KEY})
+        status, _, body = _get(App(SimpleNamespace(registry=registry, deployer=SimpleNamespace(services={}))), headers={'HTTP_X_API_KEY': API_KEY})
     finally:
         registry.close()
     assert status == 200 and 'check that Redis is running' in body

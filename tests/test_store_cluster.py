@@ -84,6 +84,13 @@ def test_scripts_lost_by_a_node_are_loaded_again(cluster, store, unique):
     assert [t.user for t in store.history(unique, 'c')] == ['m0', 'm1']
 
 
+def test_scan_finds_chats_on_every_master(store, unique):
+    from llmconn.store.keys import encode
+    for i in range(12):
+        say(store, unique, f'scan-{i}', 'hello')
+    found = set(store.scan(f'llmconn:{{{encode(unique)}:*}}:turns'))
+    assert len(found) == 12
+
 def test_a_master_killed_mid_conversation(cluster, store, unique):
     """Calls during the failover succeed or fail cleanly; no acknowledged turn is lost or doubled."""
     for i in range(3):
@@ -120,3 +127,4 @@ def test_a_master_killed_mid_conversation(cluster, store, unique):
         stale.release()
     except StoreError:
         pass
+

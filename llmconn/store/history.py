@@ -3,7 +3,9 @@
 A chat is a Redis list of JSON turns, oldest first, capped at
 ``max_turns`` and expiring ``expiry`` seconds after its last turn. A chat
 call reads only its window (O(window), whatever is stored) and writes one
-turn: BEGIN and SAVE, one atomic script and one round trip each.
+turn: ACQUIRE and FINISH of :mod:`llmconn.store.lock`, one atomic script
+and one round trip each, sent through the deployment's runner
+(:mod:`llmconn.store.runner`).
 
 This module is the one place where ``redis`` exceptions become
 :class:`StoreError`; nothing above :mod:`llmconn.store` sees them.
@@ -16,12 +18,13 @@ import os
 import threading
 import time as mod_time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from llmconn import observe
 from llmconn.errors import ChatBusy, StoreError
 from llmconn.store import lock as mod_lock
 from llmconn.store.keys import ChatKeys, chat_keys
@@ -90,8 +93,10 @@ class ChatStore:
                             f'longer than lock_wait ({lock_wait:g} s). Try again later, or raise lock_wait in '
                             f'the connection\'s configuration.')
 
+        started = self._clock()
         window_bytes, place = mod_lock.acquire(self, keys, token, window=window, ttl_ms=ttl_ms,
                                                lock_wait=lock_wait, clock=self._clock, busy=busy)
+        observe.lock_waited(conn_name, self._clock() - started if place else 0.0)     # place 0: it was free
         lock = ChatLock(self, keys, token, ttl_ms, self._turns.decode(window_bytes), place)
         self._held[token] = lock
         return lock
@@ -156,6 +161,18 @@ class ChatStore:
         except _REDIS_ERRORS as exc:
             raise self._error(exc) from exc
 
+    def scan(self, match: str, count: int = 1000) -> Iterator[bytes]:
+        """Every key matching ``match`` (a SCAN glob), on every master of a cluster; for admin tools."""
+        client = self._runner.client
+        try:
+            if hasattr(client, 'get_primaries'):        # RedisCluster: SCAN is per node
+                for node in client.get_primaries():
+                    yield from client.get_redis_connection(node).scan_iter(match=match, count=count)
+            else:
+                yield from client.scan_iter(match=match, count=count)
+        except _REDIS_ERRORS as exc:
+            raise self._error(exc) from exc
+
     @property
     def client(self) -> Any:
         """The redis-py client for commands off the hot path (usage ledger, admin commands)."""
@@ -204,6 +221,7 @@ class ChatStore:
 
     def _error(self, exc: Exception) -> StoreError:
         """The one translation of a redis exception, with what to do next and no password."""
+        observe.store_error(exc)
         if isinstance(exc, AuthenticationError):
             hint = 'check the user name and password in redis.url'
         elif isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
