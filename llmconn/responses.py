@@ -47,6 +47,7 @@ _BAD_VALUE = re.compile(r'[\x00-\x08\x0a-\x1f\x7f]')
 _HOP_BY_HOP = {'connection', 'keep-alive', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer',
                'transfer-encoding', 'upgrade'}
 _HOST_OWNED = {'content-length'}        # computed from the body
+_SET_APART = _HOST_OWNED | {'content-type'}     # sent once, from response.content_type or the payload kind
 
 
 class HTTPFailure(Exception):
@@ -153,7 +154,7 @@ def encode_response(response: Any) -> tuple:
     else:
         body, content_type = json.dumps(payload).encode(), JSON_TYPE
     headers = [('Content-Type', response.content_type or content_type), ('Content-Length', str(len(body)))]
-    headers += [(k, str(v)) for k, v in response.headers.items() if k.lower() not in ('content-type',) + tuple(_HOST_OWNED)]
+    headers += [(k, str(v)) for k, v in response.headers.items() if k.lower() not in _SET_APART]
     return response.status_code, headers, [body]
 
 
@@ -190,7 +191,7 @@ def sse_response(events: Iterable, cid: str, extra_headers: dict | None = None) 
                 close()
 
     headers = list(SSE_HEADERS) + [(k, str(v)) for k, v in (extra_headers or {}).items()
-                                   if k.lower() not in ('content-type',) + tuple(_HOST_OWNED)]
+                                   if k.lower() not in _SET_APART]
     return 200, headers, body()
 
 

@@ -156,9 +156,18 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         value = getattr(args, action.dest, action.default)
         if value == action.default:
             continue
-        flag = max(action.option_strings, key=len)
-        argv += [flag] if isinstance(value, bool) else [flag, str(value)]
+        argv += _flag(action, value)
     return argv + ['--reuse-port']
+
+
+def _flag(action: argparse.Action, value) -> list[str]:
+    """The command-line words that give ``action`` the value ``value``."""
+    longest = max(action.option_strings, key=len)
+    if isinstance(action, argparse.BooleanOptionalAction):      # --metrics / --no-metrics
+        return [min(action.option_strings, key=len) if value else longest]
+    if isinstance(value, bool):                                 # store_true
+        return [longest]
+    return [longest, str(value)]
 
 
 def _serve(args: argparse.Namespace) -> int:

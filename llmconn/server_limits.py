@@ -37,14 +37,14 @@ import gevent
 from gevent.monkey import get_original
 from gevent.pywsgi import WSGIHandler
 
-logger = logging.getLogger('llmconn.server')
-
 from llmconn.server import DEFAULT_MAX_CONNECTIONS
 
+logger = logging.getLogger('llmconn.server')
+
 BODY_TIMEOUT_KEY = 'llmconn.body_timeout'     # environ key: seconds the whole request body may take
-_poll = get_original('select', 'poll')
 REFUSAL_LOG_INTERVAL = 10.0         # seconds between two log lines about refused connections
 FD_RESERVE = 64                     # descriptors kept free for Redis, providers, deployed files
+_poll = get_original('select', 'poll')      # the real one: a look that must not yield to other greenlets
 
 
 class Limits:
@@ -68,7 +68,6 @@ class Limits:
             victim.evict()
         self.open += 1
         return True
-
 
     def log_refusal(self) -> None:
         # At most one line per REFUSAL_LOG_INTERVAL: a flood of connections must not flood the log.

@@ -94,6 +94,9 @@ class App:
     def _label(self, path: str) -> str:
         """The path's service name for metrics, or '' when it names none (bounded: not the client's to choose)."""
         name = path.strip('/')
+        if path.startswith(GATEWAY_PREFIX):     # ids in the path become {id}
+            return _GATEWAY_LABELS.get(name) or next((f'{p}/{{id}}' for p in _GATEWAY_LABELS
+                                                      if name.startswith(p + '/')), '')
         return name if name in self.host.deployer.services or name in ROUTES else ''
 
     def _dispatch(self, environ: dict, method: str, path: str, cid: str) -> tuple:
@@ -218,6 +221,8 @@ ROUTES: dict[str, Route] = {
 # host's API key check.
 
 GATEWAY_PREFIX = '/v1/'
+# The gateway's paths as metrics label them (llmconn.gateway.routes).
+_GATEWAY_LABELS = {p: p for p in ('v1/responses', 'v1/chat/completions', 'v1/models')}
 
 
 def _gateway(registry: Any, environ: dict, method: str, path: str, cid: str) -> tuple:

@@ -113,6 +113,7 @@ def test_worker_command_line_is_derived_from_the_serve_flags():
     argv = worker_argv(args)
     assert '--workers' not in argv and argv[-1] == '--reuse-port'
     again = serve_parser().parse_args(argv)
+    assert worker_argv(serve_parser().parse_args(['--no-metrics']))[:1] == ['--no-metrics']
     assert (again.port, again.idle_timeout, again.config, again.log_level, again.workers) == \
         (18000, 5.0, 'x.yaml', 'DEBUG', 1)
 

@@ -100,6 +100,9 @@ def test_a_master_killed_mid_conversation(cluster, store, unique):
     # A lock taken just before the master dies: the promoted replica may not have it; the old
     # holder's save is then fenced (LockLost) or lands (the lock had replicated) - never both.
     stale = store.begin(unique, 'c', window=100, lock_ttl=1.0, lock_wait=TTL)
+    replica_sha = store._runner._scripts['finish'].sha
+    replicas_of_master = [p for p in cluster.ports if p != master and p not in cluster.masters()]
+    assert any(redis.Redis(port=p).script_exists(replica_sha) == [False] for p in replicas_of_master)
     cluster.servers.kill(master)
     # The killed node comes back once its replica took over, as the new master's replica, so
     # that replicas: 1 can be met again.
