@@ -10,9 +10,10 @@ before ``requests`` and ``redis`` are imported; ``import llmconn`` imports
 neither (its names load lazily), and this module imports nothing heavy at
 the top, so :func:`run_serve` patches in the process it runs in, before the
 first import of either. With ``--workers N`` a supervisor (never patched:
-it only starts and watches processes) runs N ``llmconn serve`` processes
-sharing the port through ``SO_REUSEPORT``; their command line is derived
-from the parsed flags (:func:`worker_argv`). Each worker hot-deploys on its
+it only starts and watches processes) binds the port once and runs N
+``llmconn serve`` processes accepting from that one socket (see
+:mod:`llmconn.listener`); their command line is derived from the parsed
+flags (:func:`worker_argv`). Each worker hot-deploys on its
 own; they share the chat store. A worker that dies is restarted; one that
 cannot start stops the supervisor.
 
@@ -36,7 +37,6 @@ DEFAULT_SERVICES = 'services'
 DEFAULT_HOST = '127.0.0.1'        # never exposed beyond the machine unless asked
 DEFAULT_PORT = 17010
 SHUTDOWN_GRACE = 30.0             # seconds in-flight requests get to finish after SIGTERM
-LISTEN_BACKLOG = 1024
 DRAIN_POLL = 0.05                 # how often shutdown looks whether in-flight requests are done
 DEFAULT_IDLE_TIMEOUT = 30.0       # seconds a client connection may idle (SPEC §14)
 DEFAULT_MAX_CONNECTIONS = 1000    # open client connections per worker, unless the fd limit is lower
@@ -67,8 +67,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help='text lines, or one JSON object per line (default text); see llmconn.logs')
     parser.add_argument('--metrics', default=True, action=argparse.BooleanOptionalAction,
                         help='count and serve Prometheus metrics at GET /metrics (default on); see llmconn.metrics')
-    # Internal: set on the workers of --workers N so they can share one port.
-    parser.add_argument('--reuse-port', action='store_true', help=argparse.SUPPRESS)
+    # Internal: set on the workers of --workers N, the descriptor of the socket their supervisor bound.
+    parser.add_argument('--listen-fd', type=int, default=None, help=argparse.SUPPRESS)
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -147,17 +147,17 @@ def main(argv: list[str] | None = None) -> int:
     return run_serve(serve_parser().parse_args(argv))
 
 
-def worker_argv(args: argparse.Namespace) -> list[str]:
-    """The flags of one worker of ``--workers N``: every flag given, derived from the parser."""
+def worker_argv(args: argparse.Namespace, listen_fd: int) -> list[str]:
+    """The flags of one worker of ``--workers N`` accepting on descriptor ``listen_fd``: every flag given."""
     argv = []
     for action in serve_parser()._actions:
-        if not action.option_strings or action.dest in ('help', 'workers', 'reuse_port'):
+        if not action.option_strings or action.dest in ('help', 'workers', 'listen_fd'):
             continue
         value = getattr(args, action.dest, action.default)
         if value == action.default:
             continue
         argv += _flag(action, value)
-    return argv + ['--reuse-port']
+    return argv + ['--listen-fd', str(listen_fd)]
 
 
 def _flag(action: argparse.Action, value) -> list[str]:
@@ -177,7 +177,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gevent.pool import Pool
     from gevent.pywsgi import WSGIServer
 
-    from llmconn import logs, observe
+    from llmconn import listener as mod_listener, logs, observe
     from llmconn.host import Host
     from llmconn.errors import ConfigError
     from llmconn.server_limits import Limits, default_max_connections, handler_class
@@ -185,10 +185,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     # Replaces what the CLI configured for its own use before the flags of serve were known.
     logs.configure(args.log_format, args.log_level)
-    observe.install_server(metrics=args.metrics, shared=args.reuse_port)
+    worker = args.listen_fd is not None
+    observe.install_server(metrics=args.metrics, shared=worker)
     try:
         host = Host.from_paths(args.config, args.services)
-        listener = listen(args.host, args.port, reuse_port=args.reuse_port)
+        listener = mod_listener.adopt(args.listen_fd) if worker else listen(args.host, args.port)
     except (ConfigError, OSError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 1
@@ -211,7 +212,7 @@ def _serve(args: argparse.Namespace) -> int:
     gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)
     server.start()
     logger.info('Serving %d service(s) from %s on http://%s:%d (config %s, at most %d connections)',
-                len(host.deployer.services), host.deployer.dir, args.host, args.port, args.config,
+                len(host.deployer.services), host.deployer.dir, args.host, listener.getsockname()[1], args.config,
                 limits.max_connections)
     try:
         stopped.wait()
@@ -233,36 +234,29 @@ def _drain(app, pool, grace: float) -> None:
     pool.kill(timeout=1)
 
 
-def listen(host: str, port: int, reuse_port: bool = False):
-    """The listening socket: TCP_NODELAY (else ~40 ms per keep-alive response), SO_REUSEPORT for workers."""
-    from gevent import socket
-
-    family = socket.AF_INET6 if ':' in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        # Accepted sockets inherit it from the listener on Linux and the BSDs.
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((host, port))
-        sock.listen(LISTEN_BACKLOG)
-    except OSError as e:
-        sock.close()
-        raise OSError(e.errno, f'cannot listen on {host}:{port} ({e.strerror}); '
-                               f'is another server using the port? Choose one with --port') from None
-    return sock
+def listen(host: str, port: int):
+    """The listening socket of a lone server (see llmconn.listener)."""
+    from llmconn import listener
+    return listener.bind(host, port)
 
 
 def _supervise(args: argparse.Namespace) -> int:
     from llmconn import logs
     from llmconn.supervisor import supervise
     logs.configure(args.log_format, args.log_level)
+    from llmconn.listener import bind
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 1
     shared = _metrics_dir(args)
     try:
-        return supervise(serve_command(worker_argv(args)), args.workers, env=shared.env() if shared else None,
-                         on_exit=shared.worker_exited if shared else None)
+        return supervise(serve_command(worker_argv(args, sock.fileno())), args.workers,
+                         env=shared.env() if shared else None, on_exit=shared.worker_exited if shared else None,
+                         pass_fds=(sock.fileno(),))
     finally:
+        sock.close()
         if shared:
             shared.remove()
 

@@ -8,6 +8,11 @@ after starting; the others keep serving meanwhile. A worker that exits with
 an error within :data:`STARTUP_WINDOW` of starting (a bad configuration, a
 port in use) would fail again on every restart, so the supervisor stops
 all workers and exits with its code.
+
+The workers accept from one listening socket the caller bound and passes
+in ``pass_fds`` (see :mod:`llmconn.listener`): it stays open here while
+workers come and go, so connections queued when one dies wait for the
+others instead of being reset with the dead one's socket.
 """
 
 from __future__ import annotations
@@ -27,12 +32,13 @@ STARTUP_WINDOW = 5.0              # a worker exiting with an error this soon aft
 
 
 def supervise(command: list[str], count: int, env: dict | None = None,
-              on_exit: Callable[[int], None] | None = None) -> int:
+              on_exit: Callable[[int], None] | None = None, pass_fds: tuple[int, ...] = ()) -> int:
     """Run ``count`` workers of ``command`` until SIGTERM/SIGINT, which they are sent; the exit code.
 
-    ``env``: the workers' environment; ``on_exit(pid)``: told of each worker that died (the metrics).
+    ``env``: the workers' environment; ``on_exit(pid)``: told of each worker that died (the metrics);
+    ``pass_fds``: descriptors every worker inherits (the listening socket).
     """
-    workers = [_Worker(command, env, on_exit) for _ in range(count)]
+    workers = [_Worker(command, env, on_exit, pass_fds) for _ in range(count)]
     stopping = False
 
     def stop_all(signum=None, frame=None) -> None:
@@ -60,16 +66,17 @@ class _Worker:
     """One worker process of the supervisor, restarted when it dies (later and later while it keeps dying)."""
 
     def __init__(self, command: list[str], env: dict | None = None,
-                 on_exit: Callable[[int], None] | None = None) -> None:
+                 on_exit: Callable[[int], None] | None = None, pass_fds: tuple[int, ...] = ()) -> None:
         self.command = command
         self.env = env
+        self.pass_fds = pass_fds
         self.on_exit = on_exit
         self.delay = RESPAWN_DELAY / 2     # doubled on the first quick death
         self.respawn_at = 0.0
         self._start()
 
     def _start(self) -> None:
-        self.proc = subprocess.Popen(self.command, env=self.env)
+        self.proc = subprocess.Popen(self.command, env=self.env, pass_fds=self.pass_fds)
         self.started = mod_time.monotonic()
 
     @property

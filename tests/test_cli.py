@@ -110,10 +110,10 @@ def test_worker_command_line_is_derived_from_the_serve_flags():
     from llmconn.server import serve_parser, worker_argv
     args = serve_parser().parse_args(['--port', '18000', '--workers', '3', '--idle-timeout', '5',
                                       '--config', 'x.yaml', '--log-level', 'DEBUG'])
-    argv = worker_argv(args)
-    assert '--workers' not in argv and argv[-1] == '--reuse-port'
+    argv = worker_argv(args, 7)
+    assert '--workers' not in argv and argv[-2:] == ['--listen-fd', '7']
     again = serve_parser().parse_args(argv)
-    assert worker_argv(serve_parser().parse_args(['--no-metrics']))[:1] == ['--no-metrics']
+    assert worker_argv(serve_parser().parse_args(['--no-metrics']), 7)[:1] == ['--no-metrics']
     assert (again.port, again.idle_timeout, again.config, again.log_level, again.workers) == \
         (18000, 5.0, 'x.yaml', 'DEBUG', 1)
 
