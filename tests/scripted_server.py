@@ -4,6 +4,8 @@ Each request gets the next ``(status, headers, body[, delay])`` of ``script``;
 ``body`` is bytes, or a list of pieces sent chunked with a short pause
 between them (a stream arriving in parts). ``received`` records
 ``(path, headers, raw body)`` of every request, so every attempt is visible.
+A callable ``delay`` is called instead of slept (e.g. a barrier's ``wait``:
+requests that must be in the server at once).
 A :class:`Trickle` body is sent one byte at a time, ``pause`` seconds apart
 (a provider that keeps a connection alive without ever finishing).
 """
@@ -61,7 +63,11 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get('content-length', 0))
         self.server.received.append((self.path, dict(self.headers), self.rfile.read(length)))
         status, headers, body, *delay = self.server.script.pop(0) if self.server.script else (200, {}, b'{}')
-        time.sleep(delay[0] if delay else 0)
+        wait = delay[0] if delay else 0
+        try:
+            wait() if callable(wait) else time.sleep(wait)
+        except threading.BrokenBarrierError:
+            status, headers, body = 500, {}, b'{"error": {"message": "the barrier broke"}}'
         self.send_response(status)
         for name, value in headers.items():
             self.send_header(name, value)

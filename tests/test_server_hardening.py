@@ -80,6 +80,22 @@ class Hold(Service):
         self.response.payload = {'held': True}
 
 
+class HoldUntil(Service):
+    name = 'hostile.hold-until'
+
+    def handle(self):
+        # Busy until the test creates the file (bounded, so a failed test leaves no request behind).
+        import gevent
+        from pathlib import Path
+        self.logger.info('holding cid=%s', self.cid)
+        release = Path(self.request.payload['release'])
+        for _ in range(6000):
+            if release.exists():
+                break
+            gevent.sleep(0.01)
+        self.response.payload = {'held': True}
+
+
 class Patched(Service):
     name = 'hostile.patched'
 
@@ -259,8 +275,23 @@ def test_serve_patches_gevent_without_re_executing_itself(server):
 
 # -- item 2: idle and slow clients cannot hold connections ----------------------------------------
 
-def server_fds(pid):
-    return len(os.listdir(f'/proc/{pid}/fd'))
+def client_connections(pid, port):
+    """How many open TCP connections to ``port`` the process ``pid`` holds (not its other descriptors)."""
+    inodes = set()
+    for fd in os.listdir(f'/proc/{pid}/fd'):
+        try:
+            target = os.readlink(f'/proc/{pid}/fd/{fd}')
+        except FileNotFoundError:
+            continue
+        if target.startswith('socket:['):
+            inodes.add(target[8:-1])
+    held = 0
+    for table in ('/proc/net/tcp', '/proc/net/tcp6'):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port, state, inode = int(fields[1].rsplit(':', 1)[1], 16), fields[3], fields[9]
+            held += local_port == port and state != '0A' and inode in inodes      # 0A: the listener
+    return held
 
 
 def wait_for(check, deadline=15.0, poll=0.05):
@@ -310,12 +341,11 @@ def test_many_idle_connections_neither_exhaust_the_limit_nor_starve_health(tmp_p
     s = Server(tmp_path, fake.url, extra=['--max-connections', '20'])
     idle = []
     try:
-        baseline = server_fds(s.proc.pid)
         idle = [socket.create_connection(('127.0.0.1', s.port)) for _ in range(60)]
         response = requests.get(f'{s.url}/health', timeout=10, headers={'Connection': 'close'})
         assert response.status_code == 200
         # The server holds at most its limit: the longest-idle connections were closed to make room.
-        assert wait_for(lambda: server_fds(s.proc.pid) <= baseline + 20), server_fds(s.proc.pid) - baseline
+        assert wait_for(lambda: client_connections(s.proc.pid, s.port) <= 20), client_connections(s.proc.pid, s.port)
     finally:
         for sock in idle:
             sock.close()
@@ -399,17 +429,26 @@ def test_a_request_body_trickling_in_is_cut_off_with_408(short_idle):
 
 def test_at_the_connection_limit_with_every_connection_busy_a_new_one_gets_503(tmp_path, fake):
     s = Server(tmp_path, fake.url, extra=['--max-connections', '2'])
+    release = tmp_path / 'release'
+    answers = []
     try:
         import threading
-        held = [threading.Thread(target=s.post, args=('hostile.hold', {'seconds': 3})) for _ in range(2)]
+        held = [threading.Thread(target=lambda: answers.append(s.post('hostile.hold-until',
+                                                                      {'release': str(release)}).status_code))
+                for _ in range(2)]
         for thread in held:
             thread.start()
-        assert wait_for(lambda: 'Refused' in s.log_text() or
-                        requests.get(f'{s.url}/health', timeout=10).status_code == 503)
+        assert wait_for(lambda: s.log_text().count('holding cid=') == 2)
+        # Both connections are busy until the test releases them: a third one is refused.
+        refused = requests.get(f'{s.url}/health', timeout=10)
+        assert refused.status_code == 503
+        release.touch()
         for thread in held:
             thread.join()
+        assert answers == [200, 200]
         assert s.get('health').status_code == 200       # room again once they are answered
     finally:
+        release.touch()
         s.close()
 
 
