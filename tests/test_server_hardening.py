@@ -248,6 +248,26 @@ def test_truncated_body_or_ambiguous_length_is_400_without_a_traceback(server, h
     assert 'Traceback' not in server.log_text()[before:]
 
 
+CHUNKED = b'POST /test.echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n'
+
+
+def test_a_chunk_without_a_size_is_a_400_without_a_traceback(server):
+    before = len(server.log_text())
+    answer = raw_request(server.port, CHUNKED + b'\r\n{"a": 1}\r\n0\r\n\r\n')
+    assert answer.startswith(b'HTTP/1.1 400'), answer[:200]
+    assert server.post('test.echo', {'a': 1}).status_code == 200     # logged after the 400's lines
+    assert 'Traceback' not in server.log_text()[before:]
+
+
+@pytest.mark.parametrize('body', [b'zz\r\n', b'\r\n', b'100\r\n{"a": 1}\r\n'])
+def test_a_request_after_a_malformed_chunked_body_is_not_served(server, body):
+    # Whatever follows a body read in part is not a request boundary: serving it would let a client
+    # smuggle a request past anything in front of the server that parsed the stream differently.
+    smuggled = b'POST /test.echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}'
+    answer = raw_request(server.port, CHUNKED + body + smuggled)
+    assert answer.startswith(b'HTTP/1.1 400') and answer.count(b'HTTP/1.1 ') == 1, answer
+
+
 # -- item 24: 429 and 503 bodies are short; the advice and the address go to the log --------------
 
 def test_busy_and_store_errors_tell_the_client_little_and_the_log_everything(server):
