@@ -9,6 +9,7 @@ import uuid
 
 import openai
 import pytest
+import requests
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
@@ -423,3 +424,33 @@ def test_gateway_calls_count_in_the_operations_usage_ledger_under_their_key(gw):
         store.close()
     assert sum(r['calls'] for r in rows) >= 2 and sum(r['input_tokens'] for r in rows) > 0
     assert rows[0]['model'] == 'gpt-4.1'
+
+
+def gateway_raw(gw, data: bytes) -> bytes:
+    """``data`` sent as is to the first process; everything it answers until it closes."""
+    import socket
+    port = gw.ports[0]
+    with socket.create_connection(('127.0.0.1', port), timeout=10) as sock:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b''.join(chunks)
+
+
+GATEWAY_HEAD = b'POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-gw-tenant-a-secret\r\n'
+
+
+def test_deeply_nested_json_to_the_gateway_is_400_not_500(gw):
+    body = b'{"model": "Chat", "input": ' + b'[' * 50000 + b']' * 50000 + b'}'
+    answer = requests.post(f'{gw.url()}/responses', data=body, timeout=20,
+                           headers={'Authorization': 'Bearer sk-gw-tenant-a-secret', 'Content-Type': 'application/json'})
+    assert answer.status_code == 400 and 'nested' in answer.json()['error']['message']
+
+
+@pytest.mark.parametrize('chunk', [b'zz\r\n', b'\r\n'])
+def test_a_malformed_chunked_body_to_the_gateway_is_400_and_nothing_after_it_is_served(gw, chunk):
+    smuggled = GATEWAY_HEAD + b'Content-Length: 2\r\n\r\n{}'
+    answer = gateway_raw(gw, GATEWAY_HEAD + b'Transfer-Encoding: chunked\r\n\r\n' + chunk + smuggled)
+    assert answer.startswith(b'HTTP/1.1 400') and answer.count(b'HTTP/1.1 ') == 1, answer

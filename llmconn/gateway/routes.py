@@ -25,11 +25,11 @@ from llmconn.errors import (GatewayError, InvalidInput, LLMAuthError, LLMConnErr
 from llmconn.gateway import chat_completions, dispatch, responses
 from llmconn.gateway.keys import GatewayConfig, bearer_token, find_key
 from llmconn.gateway.ledger import Ledger, ledger_client
+from llmconn.responses import HTTPFailure
 
 logger = logging.getLogger('llmconn.gateway')
 
 PREFIX = '/v1/'
-MAX_BODY_BYTES = 10 * 1024 * 1024
 _JSON = 'application/json'
 _SSE_HEADERS = [('Content-Type', 'text/event-stream; charset=utf-8'), ('Cache-Control', 'no-cache'),
                 ('X-Accel-Buffering', 'no')]
@@ -78,6 +78,9 @@ def handle(registry: Any, environ: dict, method: str, path: str, cid: str) -> tu
                                code='not_found')
         key = find_key(gw.config, bearer_token(environ.get('HTTP_AUTHORIZATION', '')))
         return _route(gw, key, environ, method, path[len(PREFIX):].rstrip('/'))
+    except HTTPFailure as e:        # the body could not be read whole: the connection closes too
+        status, headers, body = error(GatewayError(str(e), e.status), cid, f'{method} {path}')
+        return status, headers + list(e.headers), body
     except Exception as e:
         return error(e, cid, f'{method} {path}')
 
@@ -132,17 +135,12 @@ def _allow(method: str, *allowed: str) -> None:
 
 
 def _read_json(environ: dict) -> Any:
-    try:
-        length = int(environ.get('CONTENT_LENGTH') or 0)
-    except ValueError:
-        raise GatewayError('the Content-Length header is not a number') from None
-    if length > MAX_BODY_BYTES:
-        raise GatewayError(f'the request body has {length} bytes, more than the limit of {MAX_BODY_BYTES}', 413)
-    raw = environ['wsgi.input'].read(length) if length else environ['wsgi.input'].read(MAX_BODY_BYTES + 1)
-    if len(raw) > MAX_BODY_BYTES:
-        raise GatewayError(f'the request body is larger than the limit of {MAX_BODY_BYTES} bytes', 413)
+    from llmconn.wsgi import read_body      # the host's framing: bad chunks, stalls, sizes (HTTPFailure)
+    raw = read_body(environ)
     try:
         return json.loads(raw)
+    except RecursionError:
+        raise GatewayError('the request body is JSON nested too deeply; send a flatter object') from None
     except ValueError as e:
         raise GatewayError(f'the request body is not valid JSON ({e})') from None
 
