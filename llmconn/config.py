@@ -40,6 +40,10 @@ DEFAULT_MAX_STORED_TURNS = 1000
 DEFAULT_STREAM_TIMEOUT = 600.0  # the longest a whole stream may take (``timeout`` bounds each wait in it)
 DEFAULT_REDIS_URL = 'memory://'
 DEFAULT_REPLICA_TIMEOUT = 1.0   # seconds a save waits for redis.replicas acknowledgements
+# Ten years: the longest duration any setting takes. Far more (1e12 s) overflows the waits of the
+# deadline and lock-renewer threads (killing them: OverflowError) and Redis's expiry times.
+MAX_SECONDS = 315_360_000
+MAX_COUNT = 2 ** 31 - 1         # turns, tokens, pool sizes; far more overflows Redis's list indices
 
 # Keys only provider: template reads; elsewhere they are refused rather than ignored.
 TEMPLATE_KEYS = ('request_template', 'response_template', 'request_template_file', 'response_template_file',
@@ -47,7 +51,7 @@ TEMPLATE_KEYS = ('request_template', 'response_template', 'request_template_file
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra='forbid', frozen=True)
+    model_config = ConfigDict(extra='forbid', frozen=True, allow_inf_nan=False)   # inf: OverflowError in every call
 
 
 class ThinkingConfig(_Frozen):
@@ -77,16 +81,16 @@ class ConnectionConfig(_Frozen):
     model: str = Field(min_length=1)
     address: str = ''
     secret: SecretStr | None = None
-    pool_size: int = Field(DEFAULT_POOL_SIZE, ge=1)
-    timeout: float = Field(DEFAULT_TIMEOUT, gt=0)
-    stream_timeout: float = Field(DEFAULT_STREAM_TIMEOUT, gt=0)
-    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
-    max_history_turns: int = Field(DEFAULT_MAX_HISTORY_TURNS, ge=1)
-    chat_expiry: float = Field(DEFAULT_CHAT_EXPIRY, gt=0)
+    pool_size: int = Field(DEFAULT_POOL_SIZE, ge=1, le=MAX_COUNT)
+    timeout: float = Field(DEFAULT_TIMEOUT, gt=0, le=MAX_SECONDS)
+    stream_timeout: float = Field(DEFAULT_STREAM_TIMEOUT, gt=0, le=MAX_SECONDS)
+    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, le=MAX_COUNT)
+    max_history_turns: int = Field(DEFAULT_MAX_HISTORY_TURNS, ge=1, le=MAX_COUNT)
+    chat_expiry: float = Field(DEFAULT_CHAT_EXPIRY, gt=0, le=MAX_SECONDS)
     max_retries: int = Field(DEFAULT_MAX_RETRIES, ge=0, le=10)
-    lock_wait: float = Field(DEFAULT_LOCK_WAIT, ge=0)
-    lock_ttl: float = DEFAULT_LOCK_TTL
-    max_stored_turns: int = Field(DEFAULT_MAX_STORED_TURNS, ge=1)
+    lock_wait: float = Field(DEFAULT_LOCK_WAIT, ge=0, le=MAX_SECONDS)
+    lock_ttl: float = Field(DEFAULT_LOCK_TTL, le=MAX_SECONDS)
+    max_stored_turns: int = Field(DEFAULT_MAX_STORED_TURNS, ge=1, le=MAX_COUNT)
     thinking: ThinkingConfig | None = None
     state: Literal['local', 'provider'] = 'local'
     params: dict[str, Any] = Field(default_factory=dict)

@@ -27,8 +27,8 @@ def mask_url(url: str) -> str:
         return url if '@' not in url else MASK
     head, qmark, query = rest.partition('?')
     user_info, at, host_and_path = head.rpartition('@')
-    if not at and '@' in query:
-        # An unencoded "?" inside the password: the real userinfo ends at an "@" after it.
+    if '@' in query:
+        # An unencoded "?" inside the password (which may hold "@" too): the userinfo ends at the last "@".
         user_info, at, host_and_path = rest.rpartition('@')
         qmark, query = '', ''
         host_and_path, qmark, query = host_and_path.partition('?')

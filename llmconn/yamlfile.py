@@ -50,6 +50,27 @@ class NoAliasLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def construct_mapping(self, node, deep=False):
+        # PyYAML keeps the last of two equal keys: a second `secret:` would silently win.
+        seen = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                if key_node.value in seen:
+                    raise ConfigError(f'line {key_node.start_mark.line + 1}: key {key_node.value!r} appears twice '
+                                      f'in the same mapping; keep one')
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep)
+
+    def construct_yaml_int(self, node):
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:      # beyond Python's int-from-text limit (4,300 digits)
+            raise ConfigError(f'line {node.start_mark.line + 1}: a number of {len(node.value):,} digits; '
+                              f'no setting needs one that large') from None
+
+
+NoAliasLoader.add_constructor('tag:yaml.org,2002:int', NoAliasLoader.construct_yaml_int)
+
 
 def parse_yaml(text: str, source: str) -> Any:
     """The YAML document in ``text``; any problem is a ConfigError naming ``source``.

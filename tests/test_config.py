@@ -131,7 +131,7 @@ def test_redis_password_is_masked_in_the_config_repr():
 def test_a_lock_ttl_renewal_cannot_keep_alive_is_refused_at_load_saying_why():
     with pytest.raises(ConfigError, match=r'lock_ttl must be at least 0\.1 s, got 0\.003: .*renewed every'):
         load([{'name': 'c', 'model': 'm', 'lock_ttl': 0.003}])
-    with pytest.raises(ConfigError, match='lock_ttl must be at least'):
+    with pytest.raises(ConfigError, match='lock_ttl.*finite number'):
         load([{'name': 'c', 'model': 'm', 'lock_ttl': float('nan')}])
     assert load([{'name': 'c', 'model': 'm', 'lock_ttl': 0.1}]).llm[0].lock_ttl == 0.1
 
@@ -245,3 +245,34 @@ def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path):
     path.write_bytes(b'llm: \xff\xfe\n')
     with pytest.raises(ConfigError, match='not UTF-8'):
         mod_config.load_file(path)
+
+
+def test_a_number_too_long_to_read_is_a_config_error_not_a_traceback(tmp_path):
+    path = tmp_path / 'llm.yaml'
+    path.write_text('llm: [{name: a, model: claude-x, max_tokens: ' + '9' * 6000 + '}]\n')
+    with pytest.raises(ConfigError, match='line 1: a number of 6,000 digits'):
+        mod_config.load_file(path)
+
+
+def test_a_key_given_twice_is_refused_rather_than_the_last_one_silently_winning(tmp_path):
+    path = tmp_path / 'llm.yaml'
+    path.write_text('llm:\n  - name: a\n    model: claude-x\n    secret: sk-the-right-one\n    secret: sk-stale\n')
+    with pytest.raises(ConfigError, match="line 5: key 'secret' appears twice") as info:
+        mod_config.load_file(path)
+    assert 'sk-' not in str(info.value)
+
+
+@pytest.mark.parametrize('field', ['timeout', 'stream_timeout', 'lock_ttl', 'lock_wait', 'chat_expiry'])
+@pytest.mark.parametrize('value', [float('inf'), 1e12])
+def test_a_duration_no_thread_or_redis_expiry_can_hold_is_refused_at_load(field, value):
+    # Accepted, each one made every call raise OverflowError, and killed the deadline or
+    # lock-renewer thread of the whole process on the way.
+    with pytest.raises(ConfigError, match=field):
+        load([{'name': 'a', 'model': 'claude-x', field: value}])
+
+
+def test_gateway_response_expiry_must_be_finite():
+    with pytest.raises(ConfigError, match='response_expiry'):
+        load([{'name': 'a', 'model': 'claude-x'}],
+             gateway={'response_expiry': float('inf'), 'keys': [{'id': 'k', 'secret': 'sk-gw-0123456789',
+                                                                 'tenant': 't', 'models': ['*']}]})

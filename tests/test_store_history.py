@@ -240,6 +240,8 @@ def test_url_for_display_masks_passwords():
     assert mask_url('rediss://:pw@host/1') == 'rediss://:***@host/1'
     assert mask_url('unix:///run/redis.sock?db=2&password=pw') == 'unix:///run/redis.sock?db=2&password=***'
     assert mask_url('redis://host:6379/0') == 'redis://host:6379/0'
+    # A password holding "@", "/", "#" and "?" unencoded: none of it shows.
+    assert mask_url('redis://user:p@ss/w#rd?x@127.0.0.1:6379/0') == 'redis://user:***@127.0.0.1:6379/0'
     assert open_store('redis://u:pw@h:1/0').url_for_display == 'redis://u:***@h:1/0'
     assert 'pw' not in repr(open_store('redis://u:pw@h:1/0'))
 

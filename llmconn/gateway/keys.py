@@ -30,7 +30,7 @@ ALL_MODELS = '*'
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra='forbid', frozen=True)
+    model_config = ConfigDict(extra='forbid', frozen=True, allow_inf_nan=False)
 
 
 class GatewayKey(_Frozen):
@@ -59,7 +59,7 @@ class GatewayConfig(_Frozen):
     """The ``gateway:`` section; no keys means the gateway routes answer 404."""
 
     keys: tuple[GatewayKey, ...] = ()
-    response_expiry: float = Field(DEFAULT_RESPONSE_EXPIRY, gt=0)
+    response_expiry: float = Field(DEFAULT_RESPONSE_EXPIRY, gt=0, le=315_360_000)     # ten years at most
 
     @model_validator(mode='after')
     def _unique(self) -> 'GatewayConfig':
