@@ -153,6 +153,8 @@ class ConnectionConfig(_Frozen):
     def _address(cls, value: str) -> str:
         if value and not value.startswith(('http://', 'https://')):
             raise ValueError(f'address must start with http:// or https://, got {mask_url(value)!r}')
+        if value:
+            _check_address_host(value)
         return value.rstrip('/')
 
     @field_validator('params')
@@ -188,6 +190,18 @@ class ConnectionConfig(_Frozen):
         # The address may carry credentials (https://user:key@proxy): show it masked.
         for name, value in super().__repr_args__():
             yield name, mask_url(value) if name == 'address' and value else value
+
+
+def _check_address_host(address: str) -> None:
+    """Refuse at load an address every call would fail on (requests: InvalidURL): no host, a bad port."""
+    from urllib.parse import urlsplit
+    parts = urlsplit(address)
+    try:
+        parts.port
+    except ValueError:
+        raise ValueError(f'address {mask_url(address)!r} has a port that is not a number from 1 to 65535') from None
+    if not parts.hostname:
+        raise ValueError(f'address {mask_url(address)!r} names no host; write e.g. https://proxy.example.com')
 
 
 class RedisConfig(_Frozen):

@@ -276,3 +276,11 @@ def test_gateway_response_expiry_must_be_finite():
         load([{'name': 'a', 'model': 'claude-x'}],
              gateway={'response_expiry': float('inf'), 'keys': [{'id': 'k', 'secret': 'sk-gw-0123456789',
                                                                  'tenant': 't', 'models': ['*']}]})
+
+
+@pytest.mark.parametrize('address, words', [('http://bob:ADDRPASS@127.0.0.1:99999', 'port'),
+                                            ('https://proxy:badport/v1', 'port'), ('http://:80', 'no host')])
+def test_an_address_every_call_would_fail_on_is_refused_at_load_without_its_password(address, words):
+    with pytest.raises(ConfigError, match=words) as info:
+        load([{'name': 'a', 'model': 'claude-x', 'address': address}])
+    assert 'ADDRPASS' not in str(info.value)
