@@ -195,7 +195,9 @@ class ConnectionConfig(_Frozen):
 def _check_address_host(address: str) -> None:
     """Refuse at load an address every call would fail on (requests: InvalidURL): no host, a bad port."""
     from urllib.parse import urlsplit
-    parts = urlsplit(address)
+    # The host is after the last "@": passwords are pasted unencoded (see redact.mask_url).
+    authority = address.partition('://')[2].rpartition('@')[2]
+    parts = urlsplit('http://' + authority.split('/')[0].split('?')[0].split('#')[0])
     try:
         parts.port
     except ValueError:
