@@ -127,3 +127,36 @@ def test_building_lists_as_the_seed_adapters_do_still_works():
                     '{% set n = namespace(k=0) %}{% for x in xs %}{% set n.k = n.k + x %}{% endfor %}'
                     '{"xs": {{ xs | tojson }}, "sum": {{ n.k }}}').build_request(Request('hi'))
     assert body == {'xs': [1, 2, 3], 'sum': 6}
+
+
+HUGE_OUTPUT = [
+    "{{ 'x'|center(1000000000) }}",         # 23 s and 1 GB before the widths were bounded
+    "{{ 'a\\nb'|indent(1000000000) }}",
+    "{{ 'a'.ljust(1000000000) }}",
+    "{{ 'a'.rjust(1000000000) }}",
+    "{{ 'a'.zfill(1000000000) }}",
+    "{{ '\\t'.expandtabs(1000000000) }}",
+    "{% for i in 'x' * 1000 %}{% for j in 'x' * 1000 %}{{ 'yyyyyyyyyyy' }}{% endfor %}{% endfor %}",
+]
+
+
+@pytest.mark.parametrize('where', ['request', 'response'])
+@pytest.mark.parametrize('payload', HUGE_OUTPUT)
+def test_a_template_building_a_huge_text_is_refused_naming_the_template(payload, where, tmp_path):
+    message = refused(payload, where, tmp_path / 'executed')
+    assert f'{where}_template' in message
+    assert 'padded to more than' in message or 'more than the limit' in message, message
+
+
+def test_a_template_running_out_of_memory_says_so():
+    from llmconn.providers.template_sandbox import RenderError, compile_template, environment, render
+    env = environment()
+    template = compile_template(env, "{{ 'x' * 10 }}", 'T')
+
+    class Exhausted:
+        def render(self, context):
+            raise MemoryError()
+
+    with pytest.raises(RenderError, match='ran out of memory'):
+        render(Exhausted(), 'T', {})
+    assert render(template, 'T', {}) == 'x' * 10

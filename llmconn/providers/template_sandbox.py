@@ -30,6 +30,10 @@ from jinja2.utils import Namespace
 MAX_REPEAT = 1_000_000          # items a sequence may be repeated to with ``*``
 MAX_INT_BITS = 1 << 16          # ``9 ** 10 ** 9`` or repeated squaring would hold a worker for minutes
 SHOWN_CHARS = 200               # of a rendered text quoted in an error
+MAX_RENDER_CHARS = 10 * 1024 * 1024     # a render longer than any request body the host accepts
+# str methods and filters whose int argument is the length of what they build: 'x'|center(10**9)
+# took 23 s and 1 GB; their width is bounded as ``*`` is.
+_WIDTH_METHODS = frozenset({'center', 'ljust', 'rjust', 'zfill', 'expandtabs'})
 _refused_tags = (nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends)
 
 
@@ -53,6 +57,27 @@ class TemplateSandbox(SandboxedEnvironment):
                 if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and len(seq) * times > MAX_REPEAT:
                     raise SecurityError(f'a value repeated to more than {MAX_REPEAT} items')
         return left * right if operator == '*' else left ** right
+
+    def call(__self, __context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja2's names)
+        if isinstance(getattr(__obj, '__self__', None), str) and getattr(__obj, '__name__', '') in _WIDTH_METHODS:
+            _check_widths(args, kwargs)
+        return super().call(__context, __obj, *args, **kwargs)
+
+
+def _check_widths(args: tuple, kwargs: dict) -> None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, int) and value > MAX_REPEAT:
+            raise SecurityError(f'a text padded to more than {MAX_REPEAT} characters')
+
+
+def _bounded_width(name: str):
+    stock = SandboxedEnvironment().filters[name]
+
+    def bounded(value: Any, *args: Any, **kwargs: Any) -> Any:
+        _check_widths(args, kwargs)
+        return stock(value, *args, **kwargs)
+
+    return bounded
 
 
 @pass_eval_context
@@ -82,6 +107,8 @@ def environment() -> TemplateSandbox:
     env.globals['namespace'] = Namespace
     env.filters['fromjson'] = _fromjson
     env.filters['tojson'] = _tojson
+    env.filters['center'] = _bounded_width('center')
+    env.filters['indent'] = _bounded_width('indent')
     env.policies['json.dumps_kwargs'] = {'sort_keys': False}   # keep the author's key order
     return env
 
@@ -109,10 +136,17 @@ class RenderError(ValueError):
 def render(template, label: str, context: dict) -> str:
     """The template's text for ``context``, or a RenderError naming ``label``, the line and the cause."""
     try:
-        return template.render(context)
+        text = template.render(context)
+    except MemoryError:         # a loop or a .replace building a huge text; the message is empty
+        raise RenderError(f'{label}: rendering ran out of memory (a loop or a value grown too large); '
+                          f'fix the template') from None
     except Exception as e:      # the template is the boundary: whatever it raised, name it and its line
         kind = 'the sandbox refused ' if isinstance(e, SecurityError) else ''
         raise RenderError(f'{label}{_line(e, label)}: {kind}{e}; fix the template') from None
+    if len(text) > MAX_RENDER_CHARS:
+        raise RenderError(f'{label}: rendered {len(text):,} characters, more than the limit of '
+                          f'{MAX_RENDER_CHARS:,}; fix the template')
+    return text
 
 
 def _line(error: BaseException, label: str) -> str:
