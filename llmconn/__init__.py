@@ -9,12 +9,13 @@ distributed lock, and every provider speaks its real wire format.
 
 from llmconn.errors import (ChatBusy, ConfigError, InactiveConnection, InvalidInput, LLMAuthError, LLMConnError,
                             LLMError, LLMRateLimited, LLMTimeout, LockLost, ServiceError, StoreError,
-                            UnknownConnection, UnknownService)
+                            ToolLoopLimit, UnknownConnection, UnknownService)
 from llmconn.registry import Registry
+from llmconn.tools import Tool
 from llmconn.types import Event
 
 __version__ = '0.1.0'
 
-__all__ = ['Registry', 'Event', 'LLMConnError', 'ConfigError', 'InvalidInput', 'UnknownConnection',
+__all__ = ['Registry', 'Event', 'Tool', 'ToolLoopLimit', 'LLMConnError', 'ConfigError', 'InvalidInput', 'UnknownConnection',
            'InactiveConnection', 'LLMError', 'LLMTimeout', 'LLMRateLimited', 'LLMAuthError', 'ChatBusy',
            'StoreError', 'LockLost', 'ServiceError', 'UnknownService']

@@ -31,6 +31,7 @@ DEFAULT_CHAT_EXPIRY = 86400
 DEFAULT_MAX_RETRIES = 2
 DEFAULT_LOCK_WAIT = 10.0        # as Zato's `block`: how long a chat call waits for the lock
 DEFAULT_LOCK_TTL = 30.0         # the most a dead lock holder can block a chat
+DEFAULT_MAX_TOOL_ROUNDS = 8
 DEFAULT_MAX_STORED_TURNS = 1000
 DEFAULT_REDIS_URL = 'memory://'
 
@@ -81,6 +82,10 @@ class ConnectionConfig(_Frozen):
     thinking: ThinkingConfig | None = None
     state: Literal['local', 'provider'] = 'local'
     params: dict[str, Any] = Field(default_factory=dict)
+    # Tools: provider calls one turn may make, and the hosted (provider-run) tools a call may use,
+    # as the provider's own definitions.
+    max_tool_rounds: int = Field(DEFAULT_MAX_TOOL_ROUNDS, ge=1, le=100)
+    hosted_tools: list[dict[str, Any]] = Field(default_factory=list)
 
     @model_validator(mode='before')
     @classmethod

@@ -87,3 +87,7 @@ class ServiceError(LLMConnError):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+
+
+class ToolLoopLimit(LLMConnError):
+    """The model kept asking for tools past ``max_tool_rounds`` provider calls; nothing was saved."""

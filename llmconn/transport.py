@@ -14,7 +14,8 @@ first byte.
 
 Bodies are read by :mod:`llmconn.sse`. A stream request answered with one
 plain JSON body (a server that ignores ``stream``, or Gemini's JSON array
-when ``alt=sse`` is not honoured) is handed on as :data:`JSON_BODY` events.
+when ``alt=sse`` is not honoured) comes back as a :class:`~llmconn.sse.JSONBody`,
+an event stream as an :class:`~llmconn.sse.EventStream`.
 """
 
 from __future__ import annotations
@@ -31,9 +32,8 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
-from llmconn.providers.base import JSON_BODY, SSE
 from llmconn.redact import scrub
-from llmconn.sse import decode_json, iter_sse, sniff
+from llmconn.sse import SSE, EventStream, JSONBody, decode_json, iter_sse, sniff
 
 logger = logging.getLogger(__name__)
 
@@ -77,20 +77,31 @@ class Transport:
         response = self._send('POST', url, headers, body, stream=False)
         return self._json(response)
 
-    def post_stream(self, url: str, headers: dict, body: dict) -> Iterator[SSE]:
-        """POST ``body`` and yield the server-sent events of the answer as they arrive."""
+    def post_stream(self, url: str, headers: dict, body: dict) -> JSONBody | EventStream:
+        """POST ``body``; the answer is read up to its first byte to tell an event stream from JSON."""
         response = self._send('POST', url, headers, body, stream=True)
         try:
             first, chunks = sniff(response.iter_content(chunk_size=None))
             if first in (b'{', b'['):
-                yield from self._json_events(response, b''.join(chunks))
-            else:
-                yield from iter_sse(chunks)
+                return JSONBody(self._json_body(response, b''.join(chunks)))
         except requests.RequestException as e:
-            raise self._error(f'the stream broke before it was complete ({type(e).__name__}); '
-                              f'try again') from None
+            response.close()
+            raise self._broken(e) from None
+        except BaseException:
+            response.close()
+            raise
+        return EventStream(self._events(response, chunks))
+
+    def _events(self, response, chunks) -> Iterator[SSE]:
+        try:
+            yield from iter_sse(chunks)
+        except requests.RequestException as e:
+            raise self._broken(e) from None
         finally:
             response.close()
+
+    def _broken(self, e: Exception) -> LLMError:
+        return self._error(f'the stream broke before it was complete ({type(e).__name__}); try again')
 
     def close(self) -> None:
         self.session.close()
@@ -168,16 +179,14 @@ class Transport:
                               'at the provider API', status=response.status_code,
                               body=self._redact(_text(response.content[:2000]))) from None
 
-    def _json_events(self, response, raw: bytes) -> Iterator[SSE]:
-        """A stream request answered with plain JSON: each object (or array element) is one event."""
+    def _json_body(self, response, raw: bytes) -> Any:
+        """A stream request answered with plain JSON (an object, or Gemini's array of chunks)."""
         try:
-            body = decode_json(raw, response.headers.get('content-type', ''))
+            return decode_json(raw, response.headers.get('content-type', ''))
         except ValueError:
             raise self._error('the provider answered the stream request with a body that is neither '
                               'server-sent events nor JSON; check "address" points at the provider API',
                               status=response.status_code, body=self._redact(_text(raw[:2000]))) from None
-        for item in body if isinstance(body, list) else [body]:
-            yield SSE((JSON_BODY, json.dumps(item, ensure_ascii=False)))
 
     def _status_error(self, response) -> LLMError:
         status = response.status_code

@@ -216,7 +216,7 @@ def test_stream_cut_before_the_model_finished_raises():
 
 def test_stream_with_stop_reason_but_no_message_stop_is_complete():
     events = stream_events(block(0, {'type': 'text', 'text': ''}, {'type': 'text_delta', 'text': 'Ann'}))[:-1]
-    result = list(claude().parse_stream(iter(events)))[-1].result
+    result = list(claude().parse_stream(iter(events)))[-1].as_result()
     assert result['text'] == 'Ann' and result['usage']['output_tokens'] == 7
 
 

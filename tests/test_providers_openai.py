@@ -166,7 +166,7 @@ def test_stream_cut_before_the_model_finished_raises():
 def test_stream_that_finished_but_omits_done_marker_is_complete():
     # The official SDK accepts this too: finish_reason (and here usage) already arrived.
     events = list(openai().parse_stream(iter(stream({'content': 'Hello'}, done=False))))
-    assert events[-1].result['text'] == 'Hello' and events[-1].result['usage']['output_tokens'] == 3
+    assert events[-1].as_result()['text'] == 'Hello' and events[-1].as_result()['usage']['output_tokens'] == 3
 
 
 def test_stream_error_chunk_raises_with_the_provider_body():

@@ -99,9 +99,10 @@ def test_params_merged_last_and_reserved_keys_refused():
 
 
 def test_provider_state_sends_only_the_new_input_after_previous_response():
-    history = (Turn('my name is Ann', 'Hello Ann', response_id='resp_0', chain=1),)
-    body = responses(state='provider').build_request(
-        Request(text='what is my name?', system='Be brief.', history=history, previous_response_id='resp_0'))
+    history = (Turn('my name is Ann', 'Hello Ann', state={'response_id': 'resp_0', 'chain': 1}),)
+    provider = responses(state='provider')
+    request = provider.chain(list(history)).request(Request(text='what is my name?', system='Be brief.'), [], None)
+    body = provider.build_request(request)
     assert body['store'] is True and body['previous_response_id'] == 'resp_0'
     assert body['instructions'] == 'Be brief.'
     assert body['input'] == [{'role': 'user', 'content': 'what is my name?'}]

@@ -115,8 +115,9 @@ class ChatStore:
                 return value
             pttl = value
 
-    def _do_save(self, keys: ChatKeys, token: str, data: bytes, max_turns: int, expiry: float) -> bool:
-        args = (token, data, max_turns, max(1, int(expiry * 1000)))
+    def _do_save(self, keys: ChatKeys, token: str, data: bytes, max_turns: int, expiry: float,
+                 replace_last: bool = False) -> bool:
+        args = (token, data, max_turns, max(1, int(expiry * 1000)), '1' if replace_last else '0')
         return self._run(self._save, (keys.lock, keys.turns, keys.wake, keys.waiting), args) == 1
 
     def _do_release(self, keys: ChatKeys, token: str) -> bool:

@@ -81,8 +81,9 @@ class ChatLock:
         self._ttl_ms = ttl_ms
         self._open = True           # save or release still has work to do
 
-    def save(self, turn: Turn, *, expiry: float, max_turns: int) -> None:
-        """Append ``turn``, keep the last ``max_turns``, expire in ``expiry`` s, unlock."""
+    def save(self, turn: Turn, *, expiry: float, max_turns: int, replace_last: bool = False) -> None:
+        """Append ``turn`` (or put it in place of the last one), keep the last ``max_turns``,
+        expire in ``expiry`` s, unlock."""
         if not self._open:
             raise LockLost('This chat lock was already saved or released; begin a new call to save another turn')
         # From here on this lock must not be renewed, whatever the outcome.
@@ -92,7 +93,7 @@ class ChatLock:
             raise self._lost()
         # surrogatepass: a lone surrogate in a text is stored, not a crash; json.loads reads it back.
         data = _dumps(turn.to_dict()).encode('utf-8', 'surrogatepass')
-        saved = self._store._do_save(self._keys, self._token, data, max_turns, expiry)
+        saved = self._store._do_save(self._keys, self._token, data, max_turns, expiry, replace_last)
         # A StoreError above leaves _open set, so release() still tries to unlock.
         self._open = False
         if not saved:

@@ -88,14 +88,17 @@ return {{0, redis.call('PTTL', KEYS[1])}}
 # Appends a turn and releases the lock, if the lock is still ours.
 #   KEYS[1] - lock, KEYS[2] - turns, KEYS[3] - wake list, KEYS[4] - waiting flag
 #   ARGV[1] - our token, ARGV[2] - the turn as compact JSON, ARGV[3] - max stored turns,
-#   ARGV[4] - chat expiry (ms)
+#   ARGV[4] - chat expiry (ms), ARGV[5] - '1' to replace the last turn (a pending tool turn
+#   completed) instead of appending
 # Returns 1 when saved, 0 when the lock was no longer ours (nothing written).
 SAVE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
 local max_turns = tonumber(ARGV[3])
-if redis.call('RPUSH', KEYS[2], ARGV[2]) > max_turns then
+if ARGV[5] == '1' and redis.call('LLEN', KEYS[2]) > 0 then
+    redis.call('LSET', KEYS[2], -1, ARGV[2])
+elseif redis.call('RPUSH', KEYS[2], ARGV[2]) > max_turns then
     redis.call('LTRIM', KEYS[2], -max_turns, -1)
 end
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
