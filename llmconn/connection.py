@@ -278,6 +278,7 @@ class _Loop:
             self.items = steps if pending.tag == tag else mod_items.plain(steps)
             self.items += [mod_items.output(c['call_id'], _output_text(outputs[c['call_id']]))
                            for c in pending.pending]
+            self.items = _outputs_in_call_order(self.items)
             self.last = Reply('', response_id=pending.state.get('response_id', ''))
             self.state = dict(pending.state)
 
@@ -310,6 +311,15 @@ class _Loop:
         if self.waiting:
             result['stop_reason'] = 'tool_calls'
         return result
+
+
+def _outputs_in_call_order(items: list[dict]) -> list[dict]:
+    """The last round's outputs in the order of its calls (some came later, from the caller)."""
+    order = {c['call_id']: i for i, c in enumerate(mod_items.calls(items))}
+    cut = len(items)
+    while cut and items[cut - 1]['kind'] == mod_items.OUTPUT:
+        cut -= 1
+    return items[:cut] + sorted(items[cut:], key=lambda o: order.get(o['call_id'], len(order)))
 
 
 def _public(item: dict) -> dict:
