@@ -33,6 +33,7 @@ from llmconn.providers import PROVIDERS
 from llmconn.providers.base import STREAM, SYSTEM
 from llmconn.skills import SkillCache
 from llmconn.transport import Transport
+from llmconn.tool_loop import TurnLoop, check_outputs, check_pending, public_call
 from llmconn.types import Event, Reply, Request, Turn
 
 MAX_TEXT_CHARS = 1_000_000      # one message; providers' context windows end well before this
@@ -140,7 +141,7 @@ class Connection:
         if outputs is None:
             _check_text(text)
         else:
-            _check_outputs(text, outputs)
+            check_outputs(text, outputs)
         _check_params(params)
         call = _Call(text, chat_id, self._system(skill), params, stream, outputs=outputs)
         self._check_tools(call, tools)
@@ -158,7 +159,7 @@ class Connection:
                               lock_ttl=conf.lock_ttl, lock_wait=conf.lock_wait) as lock:
             window = list(lock.turns)
             pending = window.pop() if window and window[-1].pending else None
-            _check_pending(pending, call)
+            check_pending(pending, call)
             turn = yield from self._turn(call, window, pending)
             lock.save(Turn(user=pending.user if pending else call.text, assistant=turn.text,
                            items=turn.stored_items(), tag=self.provider.tag if turn.stored_items() else '',
@@ -171,7 +172,7 @@ class Connection:
         chain = self.provider.chain(window)
         base = Request(pending.user if pending else call.text, call.system, (), call.params, call.stream,
                        tools=call.tools, hosted=call.hosted, tag=self.provider.tag)
-        loop = _Loop(pending, call.outputs, self.provider.tag)
+        loop = TurnLoop(pending, call.outputs, self.provider.tag)
         while True:
             if loop.rounds >= self.conf.max_tool_rounds:
                 raise ToolLoopLimit(f'{self.name}: the model still asked for tools after {loop.rounds} provider '
@@ -181,7 +182,7 @@ class Connection:
             loop.add(reply, chain.state(reply))
             for item in reply.calls:
                 if call.stream:
-                    yield Event('tool_call', call=_public(item))
+                    yield Event('tool_call', call=public_call(item))
             if not reply.calls:
                 return loop
             if loop.rounds >= self.conf.max_tool_rounds:
@@ -190,7 +191,7 @@ class Connection:
             if loop.waiting:
                 return loop
 
-    def _run_tools(self, call: _Call, loop: '_Loop', calls: list[dict]) -> Iterator[Event]:
+    def _run_tools(self, call: _Call, loop: TurnLoop, calls: list[dict]) -> Iterator[Event]:
         for item in calls:
             tool = call.by_name.get(item['name'])
             if tool is not None and tool.function is None:
@@ -199,7 +200,7 @@ class Connection:
             output, is_error = mod_tools.run(tool, item['name'], item['arguments'])
             loop.items.append(mod_items.output(item['call_id'], output, is_error))
             if call.stream:
-                yield Event('tool_result', call=dict(_public(item), output=output, is_error=is_error))
+                yield Event('tool_result', call=dict(public_call(item), output=output, is_error=is_error))
 
     def _round(self, chain, request: Request, stream: bool) -> Iterator[Event]:
         """One provider call; a chain that fails in a way it can recover from is retried once."""
@@ -261,104 +262,6 @@ class Connection:
             if event.type == 'done':
                 result = event.result
         return result
-
-
-class _Loop:
-    """The turn being built: its items, usage and rounds so far."""
-
-    def __init__(self, pending: Turn | None, outputs: dict | None, tag: str) -> None:
-        self.items: list[dict] = []
-        self.last: Reply | None = None
-        self.rounds = 0
-        self.usage = [0, 0]
-        self.waiting = False
-        self.state: dict = {}
-        if pending is not None:
-            steps = pending.steps()
-            self.items = steps if pending.tag == tag else mod_items.plain(steps)
-            self.items += [mod_items.output(c['call_id'], _output_text(outputs[c['call_id']]))
-                           for c in pending.pending]
-            self.items = _outputs_in_call_order(self.items)
-            self.last = Reply('', response_id=pending.state.get('response_id', ''))
-            self.state = dict(pending.state)
-
-    def add(self, reply: Reply, state: dict) -> None:
-        self.rounds += 1
-        self.usage[0] += reply.input_tokens
-        self.usage[1] += reply.output_tokens
-        self.items += list(reply.steps) or [mod_items.text(reply.text)]
-        self.last = reply
-        self.state = state
-
-    @property
-    def text(self) -> str:
-        return mod_items.final_text(self.items)
-
-    def stored_items(self) -> tuple:
-        """What the turn stores beside its text: nothing for a plain answer."""
-        plain = len(self.items) == 1 and self.items[0]['kind'] == mod_items.TEXT and 'native' not in self.items[0]
-        return () if plain else tuple(self.items)
-
-    @property
-    def result(self) -> dict:
-        result = self.last.as_result()
-        result['text'] = self.text
-        result['usage'] = {'input_tokens': self.usage[0], 'output_tokens': self.usage[1]}
-        result['rounds'] = self.rounds
-        calls = mod_items.tool_calls(self.items)
-        if calls:
-            result['tool_calls'] = calls
-        if self.waiting:
-            result['stop_reason'] = 'tool_calls'
-        return result
-
-
-def _outputs_in_call_order(items: list[dict]) -> list[dict]:
-    """The last round's outputs in the order of its calls (some came later, from the caller)."""
-    order = {c['call_id']: i for i, c in enumerate(mod_items.calls(items))}
-    cut = len(items)
-    while cut and items[cut - 1]['kind'] == mod_items.OUTPUT:
-        cut -= 1
-    return items[:cut] + sorted(items[cut:], key=lambda o: order.get(o['call_id'], len(order)))
-
-
-def _public(item: dict) -> dict:
-    return {'call_id': item['call_id'], 'name': item['name'], 'arguments': item['arguments']}
-
-
-def _output_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-
-
-def _check_outputs(text: Any, outputs: Any) -> None:
-    if text:
-        raise InvalidInput('give either text or tool_outputs, not both: the pending tool calls must be '
-                           'answered before the chat continues')
-    if not isinstance(outputs, dict) or not outputs:
-        raise InvalidInput('tool_outputs must be a non-empty dict {call_id: output}')
-    for call_id, value in outputs.items():
-        if not isinstance(call_id, str):
-            raise InvalidInput(f'tool_outputs keys must be call ids (str), got {type(call_id).__name__}')
-        try:
-            _output_text(value)
-        except (TypeError, ValueError):
-            raise InvalidInput(f'tool_outputs[{call_id!r}] must be a str or a JSON value') from None
-
-
-def _check_pending(pending: Turn | None, call: _Call) -> None:
-    """Before any provider call: tool outputs answer exactly the pending calls; no text meanwhile."""
-    if call.outputs is None:
-        if pending is not None:
-            ids = ', '.join(c['call_id'] for c in pending.pending)
-            raise InvalidInput(f'this chat waits for the outputs of tool calls {ids}; answer them with '
-                               f'chat(chat_id=..., tool_outputs={{call_id: output}}) before sending new text')
-        return
-    if pending is None:
-        raise InvalidInput('tool_outputs given, but this chat has no pending tool calls')
-    want = [c['call_id'] for c in pending.pending]
-    if set(call.outputs) != set(want):
-        raise InvalidInput(f'tool_outputs must answer exactly the pending call ids {want}, '
-                           f'got {sorted(call.outputs)}')
 
 
 def _check_text(text: Any) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmconn import InvalidInput, Tool, ToolLoopLimit
+from llmconn import Tool, ToolLoopLimit
 from tests.tools_helpers import PROVIDERS, add, connection_config, get_order
 
 
