@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Any, Iterable
 
@@ -37,6 +38,12 @@ def materialize(value: Any) -> Any:
     return value
 
 
+@functools.lru_cache(maxsize=None)
+def _adapter(sdk_type: Any) -> TypeAdapter:
+    """Building an adapter for the big SDK types takes up to a second; each is built once."""
+    return TypeAdapter(sdk_type)
+
+
 def assert_valid(sdk_type: Any, value: Any) -> None:
     """``value`` validates against an SDK TypedDict with nothing dropped or coerced.
 
@@ -44,7 +51,7 @@ def assert_valid(sdk_type: Any, value: Any) -> None:
     silently; comparing the validated copy with the original catches it.
     """
     # Keep the adapter alive while walking: its lazy iterators point into its schema.
-    adapter = TypeAdapter(sdk_type)
+    adapter = _adapter(sdk_type)
     validated = materialize(adapter.validate_python(value))
     assert validated == json.loads(json.dumps(value)), f'not exactly a {sdk_type}: {value!r}'
 
