@@ -2,6 +2,10 @@
 # Both create the virtualenv and install what they need on first use.
 
 PYTHON ?= python3
+# `make run PORT=17020 HOST=0.0.0.0`: where the demo host listens (and its fake provider).
+HOST ?= 127.0.0.1
+PORT ?= 17010
+PROVIDER_PORT ?= 17011
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
@@ -14,7 +18,7 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m llmconn.demo
+	$(PY) -m llmconn.demo --host $(HOST) --port $(PORT) --provider-port $(PROVIDER_PORT)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

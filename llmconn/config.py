@@ -32,7 +32,12 @@ DEFAULT_MAX_RETRIES = 2
 DEFAULT_LOCK_WAIT = 10.0        # as Zato's `block`: how long a chat call waits for the lock
 DEFAULT_LOCK_TTL = 30.0         # the most a dead lock holder can block a chat
 DEFAULT_MAX_TOOL_ROUNDS = 8
+# The lock is renewed every lock_ttl/3, each renewal a Redis round trip made by a background thread
+# that must first get the GIL (switch interval 5 ms) or the gevent hub. Below 0.1 s renewals come
+# every < 33 ms and one scheduling hiccup lets the lock expire mid-call: every chat call would fail.
+MIN_LOCK_TTL = 0.1
 DEFAULT_MAX_STORED_TURNS = 1000
+DEFAULT_STREAM_TIMEOUT = 600.0  # the longest a whole stream may take (``timeout`` bounds each wait in it)
 DEFAULT_REDIS_URL = 'memory://'
 
 _env_pattern = re.compile(r'\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}')
@@ -72,12 +77,13 @@ class ConnectionConfig(_Frozen):
     secret: SecretStr | None = None
     pool_size: int = Field(DEFAULT_POOL_SIZE, ge=1)
     timeout: float = Field(DEFAULT_TIMEOUT, gt=0)
+    stream_timeout: float = Field(DEFAULT_STREAM_TIMEOUT, gt=0)
     max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
     max_history_turns: int = Field(DEFAULT_MAX_HISTORY_TURNS, ge=1)
     chat_expiry: float = Field(DEFAULT_CHAT_EXPIRY, gt=0)
     max_retries: int = Field(DEFAULT_MAX_RETRIES, ge=0, le=10)
     lock_wait: float = Field(DEFAULT_LOCK_WAIT, ge=0)
-    lock_ttl: float = Field(DEFAULT_LOCK_TTL, gt=0)
+    lock_ttl: float = DEFAULT_LOCK_TTL
     max_stored_turns: int = Field(DEFAULT_MAX_STORED_TURNS, ge=1)
     thinking: ThinkingConfig | None = None
     state: Literal['local', 'provider'] = 'local'
@@ -100,15 +106,57 @@ class ConnectionConfig(_Frozen):
                 data['secret'] = data.pop(given[0])
         return data
 
+    @model_validator(mode='before')
+    @classmethod
+    def _infer(cls, data: Any) -> Any:
+        """``provider`` from the model name and ``address`` from the provider, when not given.
+
+        Done in the model, so a ConnectionConfig built by hand is as complete as a loaded one.
+        """
+        from llmconn.providers import PROVIDERS  # the provider registry imports this module's types
+
+        if not isinstance(data, dict) or not isinstance(data.get('model'), str):
+            return data
+        data = dict(data)
+        provider = data.get('provider') or infer_provider(data['model'])
+        if provider not in PROVIDERS:
+            raise ValueError(f'field "provider": unknown provider {provider!r}; '
+                             f'valid providers are {", ".join(sorted(PROVIDERS))}')
+        data['provider'] = provider
+        data['address'] = data.get('address') or PROVIDERS[provider].default_address
+        return data
+
+    @field_validator('lock_ttl')
+    @classmethod
+    def _lock_ttl(cls, value: float) -> float:
+        if not value >= MIN_LOCK_TTL:
+            raise ValueError(f'lock_ttl must be at least {MIN_LOCK_TTL:g} s, got {value:g}: the chat lock is '
+                             f'renewed every lock_ttl/3 by a background thread, which cannot keep up with less '
+                             f'and every chat call would lose its lock; the default is {DEFAULT_LOCK_TTL:g}')
+        return value
+
     @field_validator('address')
     @classmethod
     def _address(cls, value: str) -> str:
         if value and not value.startswith(('http://', 'https://')):
-            raise ValueError(f'address must start with http:// or https://, got {value!r}')
+            raise ValueError(f'address must start with http:// or https://, got {mask_url(value)!r}')
         return value.rstrip('/')
+
+    @field_validator('params')
+    @classmethod
+    def _params(cls, value: dict) -> dict:
+        from llmconn.checks import params_problem
+
+        problem = params_problem(value)
+        if problem:
+            raise ValueError(f'params must be JSON values: {problem}')
+        return value
 
     @model_validator(mode='after')
     def _consistent(self) -> 'ConnectionConfig':
+        from llmconn.providers import PROVIDERS
+
+        PROVIDERS[self.provider].check_config(self)
         if self.max_stored_turns < self.max_history_turns:
             raise ValueError('max_stored_turns must be at least max_history_turns')
         if self.thinking and self.thinking.budget_tokens and self.thinking.budget_tokens >= self.max_tokens:
@@ -119,6 +167,11 @@ class ConnectionConfig(_Frozen):
     @property
     def secret_value(self) -> str:
         return self.secret.get_secret_value() if self.secret else ''
+
+    def __repr_args__(self):
+        # The address may carry credentials (https://user:key@proxy): show it masked.
+        for name, value in super().__repr_args__():
+            yield name, mask_url(value) if name == 'address' and value else value
 
 
 class RedisConfig(_Frozen):
@@ -191,11 +244,41 @@ def load_file(path: str | os.PathLike, environ: Mapping[str, str] | None = None)
         text = path.read_text(encoding='utf-8')
     except OSError as e:
         raise ConfigError(f'{path}: cannot read the configuration file ({e.strerror})') from None
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f'{path}: not valid YAML: {e}') from None
+    data = parse_yaml(text, str(path))
     return load_dict(data, base_dir=path.parent, source=str(path), environ=environ)
+
+
+class NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader refusing aliases as it meets them, before anything is built or walked.
+
+    Eight levels of ``*alias`` made a 549-byte file expand into gigabytes
+    ("billion laughs"). A configuration has no need of them, so the first
+    alias is an error; anchors alone are harmless and ignored.
+    """
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise ConfigError(f'line {mark.line + 1}: YAML aliases (*name, <<: *name) are not allowed in a '
+                              f'configuration: they let a small file expand without bound; write the values out')
+        return super().compose_node(parent, index)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """The YAML document in ``text``; any problem is a ConfigError naming ``source``.
+
+    A syntax error says where and what, but never quotes the line: it may hold a secret.
+    """
+    try:
+        return yaml.load(text, Loader=NoAliasLoader) or {}
+    except ConfigError as e:
+        raise ConfigError(f'{source}: {e}') from None
+    except yaml.MarkedYAMLError as e:
+        where = f' at line {e.problem_mark.line + 1}, column {e.problem_mark.column + 1}' if e.problem_mark else ''
+        what = '; '.join(str(x) for x in (e.context, e.problem) if x)
+        raise ConfigError(f'{source}: not valid YAML{where}: {what}; fix the syntax there') from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f'{source}: not valid YAML ({type(e).__name__}); fix the syntax') from None
 
 
 def load_dict(data: Any, base_dir: str | os.PathLike = '.', source: str = '<dict>',
@@ -230,8 +313,6 @@ def load_dict(data: Any, base_dir: str | os.PathLike = '.', source: str = '<dict
 
 
 def _load_connection(raw: Any, index: int, source: str, environ: Mapping[str, str]) -> ConnectionConfig:
-    from llmconn.providers import PROVIDERS  # the provider registry imports this module's types
-
     if not isinstance(raw, dict):
         raise ConfigError(f'{source}: llm[{index}] must be a mapping with at least name and model')
     label = f'connection "{raw["name"]}"' if raw.get('name') else f'llm[{index}]'
@@ -240,19 +321,9 @@ def _load_connection(raw: Any, index: int, source: str, environ: Mapping[str, st
     except ConfigError as e:
         raise ConfigError(f'{source}: {label}: {e}') from None
     try:
-        conn = ConnectionConfig(**expanded)
+        return ConnectionConfig(**expanded)
     except ValidationError as e:
         raise ConfigError(f'{source}: {label}: {_describe(e)}') from None
-    provider = conn.provider or infer_provider(conn.model)
-    if provider not in PROVIDERS:
-        raise ConfigError(f'{source}: {label}: field "provider": unknown provider {provider!r}; '
-                          f'valid providers are {", ".join(sorted(PROVIDERS))}')
-    try:
-        PROVIDERS[provider].check_config(conn)
-    except ValueError as e:
-        raise ConfigError(f'{source}: {label}: {e}') from None
-    return conn.model_copy(update={'provider': provider,
-                                   'address': conn.address or PROVIDERS[provider].default_address})
 
 
 def _describe(error: ValidationError) -> str:

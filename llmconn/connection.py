@@ -20,24 +20,26 @@ chain included) is the provider's :meth:`~llmconn.providers.base.Provider.chain`
 
 from __future__ import annotations
 
-import json
 import time as mod_time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from llmconn import items as mod_items
 from llmconn import tools as mod_tools
+from llmconn.checks import MAX_CHAT_ID_CHARS, MAX_TEXT_CHARS, check_params, check_skill  # noqa: F401
+from llmconn.checks import check_chat_id as _check_chat_id
+from llmconn.checks import check_text as _check_text
 from llmconn.config import ConnectionConfig
 from llmconn.errors import InactiveConnection, InvalidInput, LLMError, ToolLoopLimit
+from llmconn.lifetime import Counted, InFlight
 from llmconn.providers import PROVIDERS
 from llmconn.providers.base import STREAM, SYSTEM
 from llmconn.skills import SkillCache
+from llmconn.text import clean
 from llmconn.transport import Transport
 from llmconn.tool_loop import TurnLoop, check_outputs, check_pending, public_call
 from llmconn.types import Event, Reply, Request, Turn
 
-MAX_TEXT_CHARS = 1_000_000      # one message; providers' context windows end well before this
-MAX_CHAT_ID_CHARS = 256
 PING_TEXT = 'ping'              # what ping() asks a server that has no model list
 
 
@@ -67,8 +69,10 @@ class Connection:
         self.skills = skills
         self.transport = transport or Transport(conf.name, pool_size=conf.pool_size, timeout=conf.timeout,
                                                 max_retries=conf.max_retries, secret=conf.secret_value,
-                                                address=conf.address)
+                                                address=conf.address, stream_timeout=conf.stream_timeout)
         self._headers = self.provider.headers()
+        self.calls = InFlight()         # running calls: a connection a reload replaced closes after the last
+        self.closed = False
 
     def __repr__(self) -> str:
         return f'<Connection {self.name!r} provider={self.conf.provider} model={self.conf.model}>'
@@ -103,6 +107,10 @@ class Connection:
         (404 or 405: some compatible servers and gateways) is asked a one-word question.
         """
         self._check_active()
+        with self.calls:
+            return self._ping()
+
+    def _ping(self) -> bool:
         try:
             self.transport.get(self.provider.ping_url(), self._headers)
         except LLMError as e:
@@ -115,9 +123,12 @@ class Connection:
         """Every stored message of the chat, oldest first, as ``{"role", "content"}``."""
         _check_chat_id(chat_id, required=True)
         messages = []
-        for turn in self.store.history(self.name, chat_id):
-            messages.append({'role': 'user', 'content': turn.user})
-            said = {'role': 'assistant', 'content': turn.assistant}
+        with self.calls:
+            turns = self.store.history(self.name, chat_id)
+        for turn in turns:
+            # clean(): a turn stored before text was cleaned may hold a lone surrogate.
+            messages.append({'role': 'user', 'content': clean(turn.user)})
+            said = {'role': 'assistant', 'content': clean(turn.assistant)}
             calls = mod_items.tool_calls(turn.steps()) if turn.items else []
             if calls:
                 said['tool_calls'] = calls
@@ -126,10 +137,20 @@ class Connection:
 
     def delete_history(self, chat_id: str) -> None:
         _check_chat_id(chat_id, required=True)
-        self.store.delete(self.name, chat_id)
+        with self.calls:
+            self.store.delete(self.name, chat_id)
 
     def close(self) -> None:
+        self.closed = True
         self.transport.close()
+
+    def retire(self, then=None) -> None:
+        """Close once the calls running now have finished, then run ``then`` (see :mod:`llmconn.lifetime`)."""
+        def close_then() -> None:
+            self.close()
+            if then is not None:
+                then()
+        self.calls.retire(close_then)
 
     # -- the pipeline ----------------------------------------------------------------------------
 
@@ -142,10 +163,10 @@ class Connection:
             _check_text(text)
         else:
             check_outputs(text, outputs)
-        _check_params(params)
+        check_params(params, self.provider.reserved_params)
         call = _Call(text, chat_id, self._system(skill), params, stream, outputs=outputs)
         self._check_tools(call, tools)
-        return self._pipeline(call)
+        return Counted(self._pipeline(call), self.calls)
 
     def _pipeline(self, call: _Call) -> Iterator[Event]:
         if not call.chat_id:
@@ -215,8 +236,8 @@ class Connection:
     def _call(self, request: Request) -> Iterator[Event]:
         body = self.provider.build_request(request)
         if not request.stream:
-            return self.provider.parse_response(
-                self.transport.post(self.provider.url(stream=False), self._headers, body))
+            return self.provider.done(self.provider.parse_response(
+                self.transport.post(self.provider.url(stream=False), self._headers, body)))
         reply = None
         for event in self.provider.read_stream(
                 self.transport.post_stream(self.provider.url(stream=True), self._headers, body)):
@@ -238,8 +259,7 @@ class Connection:
     def _system(self, skill: str) -> str:
         if not skill:
             return ''
-        if not isinstance(skill, str):
-            raise InvalidInput(f'skill must be a str naming a skill, got {type(skill).__name__}')
+        check_skill(skill)
         if SYSTEM not in self.provider.capabilities:
             raise InvalidInput(f'{self.name}: provider {self.conf.provider} does not support the capability '
                                f'"{SYSTEM}" that skills need')
@@ -262,31 +282,3 @@ class Connection:
             if event.type == 'done':
                 result = event.result
         return result
-
-
-def _check_text(text: Any) -> None:
-    if not isinstance(text, str):
-        raise InvalidInput(f'text must be a str, got {type(text).__name__}')
-    if not text.strip():
-        raise InvalidInput('text is empty; send the user\'s message as a non-empty str')
-    if len(text) > MAX_TEXT_CHARS:
-        raise InvalidInput(f'text has {len(text)} characters, more than the limit of {MAX_TEXT_CHARS}; '
-                           f'split or shorten it')
-
-
-def _check_chat_id(chat_id: Any, required: bool) -> None:
-    if not isinstance(chat_id, str):
-        raise InvalidInput(f'chat_id must be a str, got {type(chat_id).__name__}; '
-                           f'convert ids with str() first')
-    if len(chat_id) > MAX_CHAT_ID_CHARS or (required and not chat_id):
-        raise InvalidInput(f'chat_id must have 1 to {MAX_CHAT_ID_CHARS} characters, got {len(chat_id)}')
-
-
-def _check_params(params: dict) -> None:
-    if not params:
-        return
-    try:
-        json.dumps(params)
-    except (TypeError, ValueError) as e:
-        raise InvalidInput(f'call parameters must be JSON values ({e}); pass plain str, numbers, lists, dicts') \
-            from None

@@ -23,6 +23,7 @@ import time as mod_time
 import urllib.error
 import urllib.request
 
+from llmconn.redact import mask_url
 from llmconn.server import DEFAULT_PORT, serve_command
 
 DEFAULT_PROVIDER_PORT = 17011
@@ -46,8 +47,14 @@ def start_server(config: str, services: str, port: int, host: str = '127.0.0.1',
     argv = ['--config', str(config), '--services', str(services), '--host', host, '--port', str(port), *extra]
     proc = subprocess.Popen(serve_command(argv), env=env, **popen)
     if wait:
-        _wait_or_stop(f'http://{host}:{port}/health', proc)
+        _wait_or_stop(f'http://{_probe_host(host)}:{port}/health', proc)
     return proc
+
+
+def _probe_host(host: str) -> str:
+    """Where to reach a server listening on ``host`` from this machine, as a URL host."""
+    host = {'0.0.0.0': '127.0.0.1', '::': '::1'}.get(host, host)
+    return f'[{host}]' if ':' in host else host
 
 
 def _wait_or_stop(url: str, proc: subprocess.Popen) -> None:
@@ -87,34 +94,53 @@ def stop(proc: subprocess.Popen | None) -> None:
         proc.wait()
 
 
-def conversation(port: int, api_key: str = '') -> str:
-    """The copy-paste ``curl`` commands of a two-turn chat."""
-    url = f'http://127.0.0.1:{port}'
+# The demo conversation; README.md shows exactly these commands (tests/test_server.py checks it).
+DEMO_CALLS = (
+    ('-s', 'demo.llm.support-chat', {'user_id': 'ann', 'text': 'My name is Ann'}),
+    ('-s', 'demo.llm.support-chat', {'user_id': 'ann', 'text': 'What is my name?', 'skill': 'support-agent'}),
+    ('-sN', 'demo.llm.support-chat-stream', {'user_id': 'ann', 'text': 'And again?'}),
+)
+
+
+def curl_commands(port: int = DEFAULT_PORT, host: str = '127.0.0.1', api_key: str = '') -> list[str]:
+    """The copy-paste ``curl`` commands of the demo: two chat turns, a stream, the two GET routes."""
+    base = f'{_display_host(host)}:{port}'
     auth = f" -H 'X-API-Key: {api_key}'" if api_key else ''
-    first = json.dumps({'user_id': 'ann', 'text': 'Hi, my name is Ann and my printer is on fire'})
-    second = json.dumps({'user_id': 'ann', 'text': 'What is my name?'})
-    stream = json.dumps({'user_id': 'bob', 'text': 'Tell me a story', 'skill': 'support-agent'})
+    calls = [f"curl {flags} {base}/{service}{auth} -d '{json.dumps(body)}'" for flags, service, body in DEMO_CALLS]
+    return calls + [f'curl -s {base}/services{auth}', f'curl -s {base}/health']
+
+
+def _display_host(host: str) -> str:
+    # A server on every interface (or loopback) is reached as localhost from the same machine.
+    return 'localhost' if host in ('0.0.0.0', '::', '127.0.0.1', '::1', 'localhost') else host
+
+
+def conversation(port: int = DEFAULT_PORT, host: str = '127.0.0.1', api_key: str = '') -> str:
+    """What the demo prints: the commands, with a word on what each shows."""
+    chat1, chat2, stream, services, health = curl_commands(port, host, api_key)
     return '\n'.join([
-        'Talk to it (the second answer shows the bot received the first turn):',
+        'Talk to it (the second answer shows the bot received the first turn and the skill):',
         '',
-        f"  curl -s {url}/demo.llm.support-chat{auth} -d '{first}'",
-        f"  curl -s {url}/demo.llm.support-chat{auth} -d '{second}'",
+        f'  {chat1}',
+        f'  {chat2}',
         '',
-        'Streamed as Server-Sent Events, with the support-agent skill:',
+        'Streamed as Server-Sent Events:',
         '',
-        f"  curl -sN {url}/demo.llm.support-chat-stream{auth} -d '{stream}'",
+        f'  {stream}',
         '',
-        f'What is deployed: curl -s {url}/services{auth}    Health: curl -s {url}/health{auth}',
+        f'What is deployed: {services}    Alive: {health}',
         'Edit or add a file in services/ and it is redeployed within a second.',
     ])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog='python -m llmconn.demo', description=__doc__.split('\n')[0])
-    parser.add_argument('--config', default='etc/embedded.yaml')
-    parser.add_argument('--services', default='services')
-    parser.add_argument('--port', type=int, default=DEFAULT_PORT)
-    parser.add_argument('--provider-port', type=int, default=DEFAULT_PROVIDER_PORT)
+    parser.add_argument('--config', default='etc/embedded.yaml', help='the configuration (default etc/embedded.yaml)')
+    parser.add_argument('--services', default='services', help='the services directory (default services)')
+    parser.add_argument('--host', default='127.0.0.1', help='address the host listens on (default 127.0.0.1)')
+    parser.add_argument('--port', type=int, default=DEFAULT_PORT, help=f'port of the host (default {DEFAULT_PORT})')
+    parser.add_argument('--provider-port', type=int, default=DEFAULT_PROVIDER_PORT,
+                        help=f'port of the fake provider (default {DEFAULT_PROVIDER_PORT})')
     args = parser.parse_args(argv)
     env = dict(os.environ)
     # SIGTERM (from make or a supervisor) cleans up as Ctrl-C does.
@@ -129,10 +155,10 @@ def main(argv: list[str] | None = None) -> int:
             provider = start_fake_provider(args.provider_port, env=env)
             env['LLMCONN_PROVIDER_ADDRESS'] = f'http://127.0.0.1:{args.provider_port}'
             print(f'Fake provider on {env["LLMCONN_PROVIDER_ADDRESS"]}')
-        server = start_server(args.config, args.services, args.port, env=env)
-        store = env.get('REDIS_URL') or 'memory:// (this process only)'
-        print(f'\nllmconn serve is up on http://127.0.0.1:{args.port}, chats stored in {store}\n')
-        print(conversation(args.port, env.get('LLMCONN_API_KEY', '')))
+        server = start_server(args.config, args.services, args.port, host=args.host, env=env)
+        store = mask_url(env['REDIS_URL']) if env.get('REDIS_URL') else 'memory:// (this process only)'
+        print(f'\nllmconn serve is up on http://{args.host}:{args.port}, chats stored in {store}\n')
+        print(conversation(args.port, args.host, env.get('LLMCONN_API_KEY', '')))
         print('\nCtrl-C to stop.')
         while server.poll() is None and (provider is None or provider.poll() is None):
             mod_time.sleep(0.5)

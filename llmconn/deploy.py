@@ -18,9 +18,16 @@ watchdog's observer thread would become a greenlet blocked in a native
 inotify read, stalling every request. A stat of a handful of files four
 times a second costs nothing and behaves the same everywhere.
 
-The configuration file is watched the same way: a change calls
-``registry.reload()``, which swaps the connections atomically; an invalid
-edit keeps the old registry and its error is reported.
+A helper module under the services directory (one that services import,
+``from helpers import ...``) is deployed before the services importing it,
+and a change to it redeploys them too, so they see the new version.
+
+Imports run off the gevent hub (:func:`llmconn.hotload.off_hub`): a file
+whose import takes seconds delays only its own deployment, not the requests
+being served. (A CPU-bound ``handle()`` still blocks its worker; see the
+README.)
+
+The configuration file is watched the same way (:mod:`llmconn.host`).
 """
 
 from __future__ import annotations
@@ -31,10 +38,11 @@ import sys
 import threading
 import time as mod_time
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmconn.hotload import imported_names, off_hub
 from llmconn.service import Service, UnknownService
 
 logger = logging.getLogger(__name__)
@@ -81,6 +89,7 @@ class Deployer:
         self.files: dict[Path, FileState] = {}
         self._pending: dict[Path, tuple] = {}
         self._owned_modules: set[str] = set()
+        self.imports: dict[Path, set[str]] = {}     # file → module names its source imports
         self._lock = threading.Lock()
 
     def get(self, name: str) -> type:
@@ -95,15 +104,44 @@ class Deployer:
             present = {path: signature(path) for path in self._py_files()}
             for path in [p for p in self.files if p not in present]:
                 self._undeploy(path)
+            changed = {}
             for path, sig in present.items():
                 state = self.files.get(path)
                 if state is not None and state.signature == sig:
                     self._pending.pop(path, None)
                 elif not settle or self._pending.get(path) == sig:
                     self._pending.pop(path, None)
-                    self._deploy(path, sig)
+                    changed[path] = sig
                 else:
                     self._pending[path] = sig
+            self._deploy_in_order(changed, present)
+
+    def _deploy_in_order(self, queue: dict, present: dict) -> None:
+        """Deploy ``queue``, each file after the queued files it imports; then the files importing it."""
+        done = set()
+        while queue:
+            path = self._next(queue)
+            ok = self._deploy(path, queue.pop(path))
+            done.add(path)
+            if not ok:
+                continue
+            name = _module_name(self.dir, path)
+            for other, sig in present.items():
+                if other not in done and other not in queue and name in self.imports.get(other, ()):
+                    queue[other] = sig      # it imports what just changed: refresh it
+
+    def _next(self, queue: dict) -> Path:
+        queued = {_module_name(self.dir, p) for p in queue}
+        for path in sorted(queue):
+            if not (self._imports_of(path) & (queued - {_module_name(self.dir, path)})):
+                return path
+        return min(queue)       # an import cycle: any order
+
+    def _imports_of(self, path: Path) -> set[str]:
+        try:
+            return imported_names(path.read_bytes())
+        except OSError:
+            return set()
 
     def _py_files(self) -> list[Path]:
         if not self.dir.is_dir():
@@ -115,27 +153,31 @@ class Deployer:
                 found.append(path)
         return sorted(found)
 
-    def _deploy(self, path: Path, sig: tuple) -> None:
+    def _deploy(self, path: Path, sig: tuple) -> bool:
         state = self.files.setdefault(path, FileState())
         state.signature = sig
         try:
-            classes = self._import(path)
+            source = path.read_bytes()
+            self.imports[path] = imported_names(source)
+            classes = off_hub(self._import, path, source)
             names = self._check_names(path, classes)
         except (Exception, SystemExit) as e:        # a module calling sys.exit() must not end the watcher
-            state.error, state.error_at = _describe(e), mod_time.time()
+            state.error, state.error_at = describe(e), mod_time.time()
             logger.error('Could not deploy %s, its previous version (if any) keeps serving: %s',
                          path, state.error, exc_info=not isinstance(e, (SyntaxError, _Clash)))
-            return
+            return False
         now = mod_time.time()
         services = {n: d for n, d in self.services.items() if d.path != path}
         services.update({n: Deployed(n, c, path, now) for n, c in zip(names, classes)})
         self.services = services        # the one assignment requests can observe
         state.services, state.deployed_at, state.error = tuple(names), now, ''
         logger.info('Deployed %s: %s', path.name, ', '.join(names) or 'no services')
+        return True
 
     def _undeploy(self, path: Path) -> None:
         state = self.files.pop(path)
         self._pending.pop(path, None)
+        self.imports.pop(path, None)
         self.services = {n: d for n, d in self.services.items() if d.path != path}
         module_name = _module_name(self.dir, path)
         if module_name in self._owned_modules:
@@ -143,10 +185,10 @@ class Deployer:
             sys.modules.pop(module_name, None)
         logger.info('Undeployed %s (removed): %s', path.name, ', '.join(state.services) or 'no services')
 
-    def _import(self, path: Path) -> list[type]:
+    def _import(self, path: Path, source: bytes) -> list[type]:
         """Execute the file as a fresh module; the running version is untouched if this fails."""
         module_name = _module_name(self.dir, path)
-        code = compile(path.read_bytes(), str(path), 'exec')
+        code = compile(source, str(path), 'exec')
         module = types.ModuleType(module_name)
         module.__file__ = str(path)
         # Registered while it runs (dataclasses and pickling look modules up by name), but never
@@ -179,98 +221,14 @@ class Deployer:
 
     def status(self) -> list[dict]:
         """One entry per file: its services, when deployed, and its last error if any."""
-        return [{'file': str(path), 'services': list(state.services),
-                 'deployed_at': _iso(state.deployed_at), 'last_error': state.error or None,
-                 'last_error_at': _iso(state.error_at) if state.error else None}
+        return [{'file': path.name, 'services': list(state.services),
+                 'deployed_at': iso(state.deployed_at), 'last_error': state.error or None,
+                 'last_error_at': iso(state.error_at) if state.error else None}
                 for path, state in sorted(self.files.items())]
 
 
 class _Clash(Exception):
     """Two services would share one name."""
-
-
-class ConfigWatch:
-    """Reloads the registry when its YAML file changes; a bad edit keeps the old one."""
-
-    def __init__(self, registry: Any, path: str | os.PathLike) -> None:
-        self.registry = registry
-        self.path = Path(path).resolve()
-        self.signature = signature(self.path)
-        self.loaded_at = mod_time.time()
-        self.error = ''
-        self.error_at = 0.0
-        self._pending: tuple | None = None
-
-    def scan(self) -> None:
-        sig = signature(self.path)
-        if sig == self.signature:
-            self._pending = None
-        elif self._pending != sig:
-            self._pending = sig             # look again next time: the editor may not be done
-        else:
-            self._pending, self.signature = None, sig
-            self._reload()
-
-    def _reload(self) -> None:
-        try:
-            self.registry.reload()
-        except Exception as e:
-            self.error, self.error_at = _describe(e), mod_time.time()
-            logger.error('The configuration %s was not reloaded, the previous one keeps serving: %s',
-                         self.path, self.error)
-            return
-        self.loaded_at, self.error = mod_time.time(), ''
-        logger.info('Reloaded the configuration %s', self.path)
-
-    def status(self) -> dict:
-        return {'file': str(self.path), 'loaded_at': _iso(self.loaded_at), 'last_error': self.error or None,
-                'last_error_at': _iso(self.error_at) if self.error else None}
-
-
-@dataclass
-class Host:
-    """What the HTTP server serves: a registry, its config watch, and the deployed services."""
-
-    registry: Any
-    deployer: Deployer
-    config: ConfigWatch | None = None
-    poll_interval: float = POLL_INTERVAL
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    @classmethod
-    def from_paths(cls, config_path: str | os.PathLike, services_dir: str | os.PathLike,
-                   poll_interval: float = POLL_INTERVAL) -> 'Host':
-        from llmconn.registry import Registry
-        registry = Registry.from_file(config_path)
-        return cls(registry, Deployer(services_dir), ConfigWatch(registry, config_path), poll_interval)
-
-    def get_service(self, name: str) -> type:
-        return self.deployer.get(name)
-
-    def start(self) -> None:
-        """Deploy everything now, then keep watching in the background."""
-        self.deployer.scan(settle=False)
-        self._thread = threading.Thread(target=self._watch, name='llmconn-deploy', daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self.poll_interval):
-            try:
-                self.deployer.scan()
-                if self.config is not None:
-                    self.config.scan()
-            except Exception:
-                logger.exception('Hot deployment failed to look at %s; will try again', self.deployer.dir)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def close(self) -> None:
-        self.stop()
-        self.registry.close()
 
 
 def _module_name(base: Path, path: Path) -> str:
@@ -285,13 +243,15 @@ def _restore(module_name: str, previous: Any) -> None:
         sys.modules[module_name] = previous
 
 
-def _describe(e: BaseException) -> str:
+def describe(e: BaseException) -> str:
+    if isinstance(e, _Clash):
+        return str(e)           # the message says it all; the class is an internal name
     if isinstance(e, SyntaxError):
         return f'SyntaxError: {e.msg} (line {e.lineno})'
     return f'{type(e).__name__}: {e}'
 
 
-def _iso(ts: float) -> str | None:
+def iso(ts: float) -> str | None:
     if not ts:
         return None
     return mod_time.strftime('%Y-%m-%dT%H:%M:%S', mod_time.gmtime(ts)) + f'.{int(ts % 1 * 1000):03d}Z'

@@ -7,30 +7,44 @@ errors, logs, ``llmconn check``, ``/health``) goes through these.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, urlencode
 
 MASK = '***'
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its password (in the authority or a ``password=`` query field) shown as ``***``."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if parts.password is not None:
-            user_info, _, host = netloc.rpartition('@')
-            user = user_info.partition(':')[0]
-            netloc = f'{user}:{MASK}@{host}'
-        query = parts.query
-        if query:
-            fields = [(k, MASK if k.lower() == 'password' else v) for k, v in parse_qsl(query, keep_blank_values=True)]
-            query = urlencode(fields, safe='*')
-        # Not urlunsplit: it turns unix:///path into unix:/path.
-        shown = f'{parts.scheme}://{netloc}{parts.path}'
-        return shown + (f'?{query}' if query else '') + (f'#{parts.fragment}' if parts.fragment else '')
-    except ValueError:
-        # Unparseable: show only the scheme rather than risk showing a password.
-        return url.partition('://')[0] + '://' + MASK
+    """``url`` with its userinfo (password, or a lone user that may be a token) and any ``password=``
+    query field shown as ``***``.
+
+    Passwords are often pasted unencoded, holding ``/``, ``#``, ``?`` or ``@``,
+    which a URL parser then reads as path, fragment or query, printing the rest
+    of the password. So the userinfo is taken as everything between ``://`` and
+    the last ``@`` before the query, whatever it holds; showing too little of a
+    URL is the safe way to be wrong.
+    """
+    scheme, sep, rest = url.partition('://')
+    if not sep:
+        return url if '@' not in url else MASK
+    head, qmark, query = rest.partition('?')
+    user_info, at, host_and_path = head.rpartition('@')
+    if not at and '@' in query:
+        # An unencoded "?" inside the password: the real userinfo ends at an "@" after it.
+        user_info, at, host_and_path = rest.rpartition('@')
+        qmark, query = '', ''
+        host_and_path, qmark, query = host_and_path.partition('?')
+    if at:
+        user, colon, _ = user_info.partition(':')
+        head = (f'{user}:{MASK}' if colon else MASK) + '@' + host_and_path
+    else:
+        head = host_and_path
+    if qmark:
+        try:
+            fields = [(k, MASK if k.lower() == 'password' else v)
+                      for k, v in parse_qsl(query, keep_blank_values=True)]
+            query = urlencode(fields, safe='*/:')
+        except ValueError:
+            query = MASK
+    return f'{scheme}://{head}' + (f'?{query}' if qmark else '')
 
 
 def scrub(value: Any, secret: str) -> Any:

@@ -4,8 +4,12 @@ A registry is built from one configuration (a file or a dict) and can be
 reloaded from the same file. Reloading builds the whole new set first and
 swaps it in with one assignment, so a lookup sees either the old set or the
 new one, never a mix; a call already running keeps the connection it
-started with. A connection whose settings did not change is carried over,
-HTTP pool and all. A bad file raises and leaves the old set serving.
+started with. A connection whose settings (and skills directory) did not
+change is carried over, HTTP pool and all; no live connection is ever
+changed. A replaced connection closes once its running calls finish, and a
+replaced chat store once every connection using it has closed, so a running
+call keeps its HTTP pool and its lock renewal (see :mod:`llmconn.lifetime`).
+A bad file raises and leaves the old set serving.
 
 Loading never talks to Redis: the store connects on first use, so
 ``invoke`` works while Redis is down.
@@ -23,6 +27,7 @@ from llmconn import config as mod_config
 from llmconn.config import Config
 from llmconn.connection import Connection
 from llmconn.errors import ConfigError, UnknownConnection
+from llmconn.lifetime import CloseAfter
 from llmconn.skills import SkillCache
 from llmconn.store import open_store
 
@@ -81,15 +86,26 @@ class Registry:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def reload(self) -> None:
-        """Re-read the file this registry came from and swap the whole set of connections."""
+    def reload(self, conf: Config | None = None) -> None:
+        """Re-read the file this registry came from and swap the whole set of connections.
+
+        ``conf``: that file, already loaded (the host parses it off its event loop).
+        """
         if self.path is None:
             raise ConfigError('this registry was built from a dict; there is no file to reload')
         with self._reload_lock:
-            new = self._build(mod_config.load_file(self.path), previous=self._state)
+            new = self._build(conf or mod_config.load_file(self.path), previous=self._state)
             old, self._state = self._state, new
+        kept = {id(conn) for conn in new.connections.values()}
+        replaced = [conn for conn in old.connections.values() if id(conn) not in kept]
         if old.store is not new.store:
-            old.store.close()
+            # Every connection of the old store is replaced (none is carried over to another store).
+            store_done = CloseAfter(len(replaced), old.store.close)
+            for conn in replaced:
+                conn.retire(then=store_done.done)
+        else:
+            for conn in replaced:
+                conn.retire()
         logger.info('Reloaded %s: %d connection(s)', self.path, len(new.connections))
 
     def close(self) -> None:
@@ -104,12 +120,14 @@ class Registry:
             store = previous.store
         else:
             store = open_store(conf.redis.url)
-        skills = SkillCache(conf.skills_path)
+        if previous is not None and previous.skills.directory == conf.skills_path:
+            skills = previous.skills     # it notices edited skill files by itself
+        else:
+            skills = SkillCache(conf.skills_path)
         connections = {}
         for conn_conf in conf.llm:
             old = previous.connections.get(conn_conf.name) if previous else None
-            if old is not None and old.conf == conn_conf and old.store is store:
-                old.skills = skills
+            if old is not None and old.conf == conn_conf and old.store is store and old.skills is skills:
                 connections[conn_conf.name] = old
             else:
                 connections[conn_conf.name] = Connection(conn_conf, store, skills)

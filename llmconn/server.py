@@ -1,29 +1,31 @@
 """``llmconn serve``: the HTTP host of the deployed services.
 
     POST /<service-name>   JSON in; JSON, text or Server-Sent Events out
-    GET  /health           store reachable, connections loaded, services deployed
+    GET  /health           liveness, no API key: the process serves and its configuration loaded
+    GET  /ready            200 when the configuration is loaded and the chat store answers, else 503
     GET  /services         each service, its file, when deployed, its last deploy error
 
-A gevent pywsgi server, one greenlet per request. This module is imported by
-the CLI only to add its arguments, so it imports nothing heavy at the top:
-gevent must monkey-patch before ``requests`` and ``redis`` are imported,
-and the ``llmconn`` package has already imported them by the time a
-subcommand runs. So :func:`run_serve` starts the server in a fresh
-interpreter whose very first statement is the monkey-patch (``exec`` with
-one worker, child processes sharing the port through ``SO_REUSEPORT`` with
-several). Each worker hot-deploys on its own; they share the chat store.
+A gevent pywsgi server, one greenlet per request. gevent must monkey-patch
+before ``requests`` and ``redis`` are imported; ``import llmconn`` imports
+neither (its names load lazily), and this module imports nothing heavy at
+the top, so :func:`run_serve` patches in the process it runs in, before the
+first import of either. With ``--workers N`` a supervisor (never patched:
+it only starts and watches processes) runs N ``llmconn serve`` processes
+sharing the port through ``SO_REUSEPORT``; their command line is derived
+from the parsed flags (:func:`worker_argv`). Each worker hot-deploys on its
+own; they share the chat store. A worker that dies is restarted; one that
+cannot start stops the supervisor.
 
-The WSGI application itself lives in :mod:`llmconn.wsgi`; this module is
-the process side: the listening socket, signals, graceful shutdown, workers.
+The WSGI application itself lives in :mod:`llmconn.wsgi`, the client
+connection limits in :mod:`llmconn.server_limits`; this module is the
+process side: the listening socket, signals, graceful shutdown, workers.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
-import subprocess
 import sys
 import time as mod_time
 
@@ -36,14 +38,10 @@ DEFAULT_PORT = 17010
 SHUTDOWN_GRACE = 30.0             # seconds in-flight requests get to finish after SIGTERM
 LISTEN_BACKLOG = 1024
 DRAIN_POLL = 0.05                 # how often shutdown looks whether in-flight requests are done
-RESPAWN_DELAY = 1.0               # a worker that died is restarted after this long...
-STARTUP_WINDOW = 5.0              # ...unless it died this soon after starting: then it cannot start at all
-
-# The first statement of every server process: patch before anything imports sockets.
-_BOOT = ('from gevent import monkey; monkey.patch_all()\n'
-         'import sys\n'
-         'from llmconn.server import main\n'
-         'sys.exit(main(sys.argv[1:]))\n')
+DEFAULT_IDLE_TIMEOUT = 30.0       # seconds a client connection may idle (SPEC §14)
+DEFAULT_MAX_CONNECTIONS = 1000    # open client connections per worker, unless the fd limit is lower
+# Modules that must not be imported before gevent patches (they keep unpatched sockets or locks).
+_PATCH_SENSITIVE = ('requests', 'urllib3', 'redis')
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,31 +55,63 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help='processes serving the same port, sharing the chat store (default 1)')
     parser.add_argument('--grace', type=float, default=SHUTDOWN_GRACE,
                         help=f'seconds in-flight requests get to finish on SIGTERM (default {SHUTDOWN_GRACE:g})')
-    parser.add_argument('--log-level', default='INFO', choices=['DEBUG', 'INFO', 'WARNING', 'ERROR'])
+    parser.add_argument('--idle-timeout', type=float, default=DEFAULT_IDLE_TIMEOUT,
+                        help='seconds a client connection may stay idle or take to send a request head, and '
+                             f'to accept each part of a response (default {DEFAULT_IDLE_TIMEOUT:g})')
+    parser.add_argument('--max-connections', type=int, default=0,
+                        help=f'open client connections per worker; at the limit the longest-idle one is closed '
+                             f'(default {DEFAULT_MAX_CONNECTIONS}, fewer if the descriptor limit is lower)')
+    parser.add_argument('--log-level', default='INFO', choices=['DEBUG', 'INFO', 'WARNING', 'ERROR'],
+                        help='server log level (default INFO)')
     # Internal: set on the workers of --workers N so they can share one port.
     parser.add_argument('--reuse-port', action='store_true', help=argparse.SUPPRESS)
 
 
+def serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog='llmconn serve')
+    add_serve_arguments(parser)
+    return parser
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Run the host as the flags say; returns the exit code."""
-    if args.workers < 1:
-        print('error: --workers must be at least 1', file=sys.stderr)
+    problem = _bad_flags(args)
+    if problem:
+        print(f'error: {problem}', file=sys.stderr)
         return 2
     if args.workers > 1:
-        problem = _unshareable_store(args.config)
-        if problem:
-            print(f'error: {problem}', file=sys.stderr)
-            return 2
         return _supervise(args)
+    problem = patch_gevent()
+    if problem:
+        print(f'error: {problem}', file=sys.stderr)
+        return 2
+    return _serve(args)
+
+
+def _bad_flags(args: argparse.Namespace) -> str:
+    if args.workers < 1:
+        return '--workers must be at least 1'
+    if args.idle_timeout <= 0:
+        return '--idle-timeout must be more than 0 seconds'
+    if args.max_connections < 0:
+        return '--max-connections must be at least 1 (or 0 for the default)'
+    if args.workers > 1:
+        return _unshareable_store(args.config)
+    return ''
+
+
+def patch_gevent() -> str:
+    """Monkey-patch this process for gevent; '' once done, else why it cannot be done safely."""
     from gevent import monkey
     if monkey.is_module_patched('socket'):
-        return _serve(args)
-    # Not patched yet, and requests/redis are already imported: start over in a clean interpreter.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    command = serve_command(_argv(args, reuse_port=args.reuse_port))
-    os.execv(command[0], command)
-    return 1    # not reached
+        return ''
+    early = [name for name in _PATCH_SENSITIVE if name in sys.modules]
+    if early:
+        return (f'llmconn serve must patch gevent before {", ".join(early)} is imported, but this process '
+                f'imported it already; start the server as its own process (llmconn serve, or '
+                f'python -m llmconn serve)')
+    monkey.patch_all()
+    return ''
 
 
 def _unshareable_store(config_path: str) -> str:
@@ -100,21 +130,27 @@ def _unshareable_store(config_path: str) -> str:
 
 
 def serve_command(argv: list[str]) -> list[str]:
-    """The command line of one server process (gevent patched first), e.g. for ``subprocess``."""
-    return [sys.executable, '-c', _BOOT, *argv]
+    """The command line of one server process, e.g. for ``subprocess``."""
+    return [sys.executable, '-m', 'llmconn', 'serve', *argv]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of a server process (``python -c`` with the patch first, see ``_BOOT``)."""
-    parser = argparse.ArgumentParser(prog='llmconn serve')
-    add_serve_arguments(parser)
-    return run_serve(parser.parse_args(argv))
+    """Entry point of a server process, as ``llmconn serve`` (patches gevent first)."""
+    return run_serve(serve_parser().parse_args(argv))
 
 
-def _argv(args: argparse.Namespace, reuse_port: bool) -> list[str]:
-    argv = ['--config', args.config, '--services', args.services, '--host', args.host, '--port', str(args.port),
-            '--grace', str(args.grace), '--log-level', args.log_level]
-    return argv + (['--reuse-port'] if reuse_port else [])
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """The flags of one worker of ``--workers N``: every flag given, derived from the parser."""
+    argv = []
+    for action in serve_parser()._actions:
+        if not action.option_strings or action.dest in ('help', 'workers', 'reuse_port'):
+            continue
+        value = getattr(args, action.dest, action.default)
+        if value == action.default:
+            continue
+        flag = max(action.option_strings, key=len)
+        argv += [flag] if isinstance(value, bool) else [flag, str(value)]
+    return argv + ['--reuse-port']
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -124,11 +160,14 @@ def _serve(args: argparse.Namespace) -> int:
     from gevent.pool import Pool
     from gevent.pywsgi import WSGIServer
 
-    from llmconn.deploy import Host
+    from llmconn.host import Host
     from llmconn.errors import ConfigError
+    from llmconn.server_limits import Limits, default_max_connections, handler_class
     from llmconn.wsgi import App
 
-    logging.basicConfig(level=args.log_level, format='%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s')
+    # force: the CLI configured logging for its own use before the flags of serve were known.
+    logging.basicConfig(level=args.log_level, format='%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s',
+                        force=True)
     try:
         host = Host.from_paths(args.config, args.services)
         listener = listen(args.host, args.port, reuse_port=args.reuse_port)
@@ -137,7 +176,8 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     host.start()
     app = App(host)
-    server = WSGIServer(listener, app, spawn=Pool(), log=None, error_log=logger)
+    limits = Limits(args.idle_timeout, args.max_connections or default_max_connections())
+    server = WSGIServer(listener, app, spawn=Pool(), log=None, error_log=logger, handler_class=handler_class(limits))
     stopped = gevent.event.Event()
 
     def stop(signum: int) -> None:
@@ -151,8 +191,9 @@ def _serve(args: argparse.Namespace) -> int:
     gevent.signal_handler(signal.SIGTERM, stop, signal.SIGTERM)
     gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)
     server.start()
-    logger.info('Serving %d service(s) from %s on http://%s:%d (config %s)', len(host.deployer.services),
-                host.deployer.dir, args.host, args.port, args.config)
+    logger.info('Serving %d service(s) from %s on http://%s:%d (config %s, at most %d connections)',
+                len(host.deployer.services), host.deployer.dir, args.host, args.port, args.config,
+                limits.max_connections)
     try:
         stopped.wait()
     finally:
@@ -195,32 +236,5 @@ def listen(host: str, port: int, reuse_port: bool = False):
 
 
 def _supervise(args: argparse.Namespace) -> int:
-    """N worker processes on one port; SIGTERM/SIGINT are passed on, a dead worker is restarted."""
-    argv = serve_command(_argv(args, reuse_port=True))
-    workers = [(subprocess.Popen(argv), mod_time.monotonic()) for _ in range(args.workers)]
-    stopping = False
-
-    def stop_all(signum=None, frame=None) -> None:
-        nonlocal stopping
-        stopping = True
-        for proc, _ in workers:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, stop_all)
-    signal.signal(signal.SIGINT, stop_all)
-    failed = 0
-    while not stopping or any(p.poll() is None for p, _ in workers):
-        mod_time.sleep(0.2)
-        for index, (proc, started) in enumerate(workers):
-            if proc.poll() is None or stopping:
-                continue
-            if mod_time.monotonic() - started < STARTUP_WINDOW:
-                print(f'error: worker {proc.pid} could not start (exit code {proc.returncode})', file=sys.stderr)
-                failed = proc.returncode or 1
-                stop_all()
-                break
-            print(f'worker {proc.pid} exited with {proc.returncode}; restarting it', file=sys.stderr)
-            mod_time.sleep(RESPAWN_DELAY)
-            workers[index] = (subprocess.Popen(argv), mod_time.monotonic())
-    return failed
+    from llmconn.supervisor import supervise
+    return supervise(serve_command(worker_argv(args)), args.workers)

@@ -12,6 +12,15 @@ retried (the provider may still be generating, and a retry would pay twice);
 other 4xx answers are never retried. A stream is retried only before its
 first byte.
 
+Timeouts (SPEC §14): ``timeout`` bounds a non-streamed call's whole duration,
+connect to last byte, retries and their waits included (a retry that cannot
+fit in what is left is not made). For a stream it bounds the wait for the
+answer's headers and first event, and for each next event (time the caller
+spends between events does not count); ``stream_timeout`` bounds the whole
+stream. Both are enforced by :mod:`llmconn.deadline`, which cuts the socket
+off however slowly bytes trickle in, so a call can never hold its chat lock
+past them.
+
 Bodies are read by :mod:`llmconn.sse`. A stream request answered with one
 plain JSON body (a server that ignores ``stream``, or Gemini's JSON array
 when ``alt=sse`` is not honoured) comes back as a :class:`~llmconn.sse.JSONBody`,
@@ -31,9 +40,11 @@ from typing import Any, Iterator
 import requests
 from requests.adapters import HTTPAdapter
 
+from llmconn.deadline import WATCHED_POOLS, Deadline
 from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
 from llmconn.redact import scrub
 from llmconn.sse import SSE, EventStream, JSONBody, decode_json, iter_sse, sniff
+from llmconn.text import clean_value
 
 logger = logging.getLogger(__name__)
 
@@ -43,21 +54,23 @@ BACKOFF_CAP = 8.0           # never wait longer than this between attempts on ou
 RETRY_AFTER_CAP = 60.0      # a provider asking for more than this is treated as a failure to retry now
 CONNECT_TIMEOUT_CAP = 10.0  # opening a TCP connection never needs the whole read timeout
 ERROR_BODY_CHARS = 10000    # how much of a non-JSON error body is kept for the caller
-
+DEFAULT_STREAM_TIMEOUT = 600.0  # the longest a whole stream may take, unless configured
 
 
 class Transport:
     """Sends JSON to one provider connection, with its pool, timeout and retry budget."""
 
     def __init__(self, name: str, *, pool_size: int, timeout: float, max_retries: int,
-                 secret: str = '', address: str = '', sleep=None, session: requests.Session | None = None) -> None:
+                 secret: str = '', address: str = '', sleep=None, session: requests.Session | None = None,
+                 stream_timeout: float = DEFAULT_STREAM_TIMEOUT) -> None:
         self.name = name
         self.timeout = (min(timeout, CONNECT_TIMEOUT_CAP), timeout)
+        self.stream_timeout = stream_timeout
         self.max_retries = max_retries
         self._secret = secret
         self.sleep = sleep or mod_time.sleep
         self.session = session or requests.Session()
-        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
+        adapter = _WatchedAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
         self.session.mount('http://', adapter)
         self.session.mount('https://', adapter)
         if address:
@@ -69,36 +82,60 @@ class Transport:
 
     def get(self, url: str, headers: dict) -> Any:
         """A GET with the same retries and error translation; returns parsed JSON."""
-        response = self._send('GET', url, headers, None, stream=False)
-        return self._json(response)
+        return self._whole('GET', url, headers, None)
 
     def post(self, url: str, headers: dict, body: dict) -> Any:
         """POST ``body`` and return the provider's parsed JSON answer."""
-        response = self._send('POST', url, headers, body, stream=False)
-        return self._json(response)
+        return self._whole('POST', url, headers, body)
 
     def post_stream(self, url: str, headers: dict, body: dict) -> JSONBody | EventStream:
-        """POST ``body``; the answer is read up to its first byte to tell an event stream from JSON."""
-        response = self._send('POST', url, headers, body, stream=True)
-        try:
-            first, chunks = sniff(response.iter_content(chunk_size=None))
-            if first in (b'{', b'['):
-                return JSONBody(self._json_body(response, b''.join(chunks)))
-        except requests.RequestException as e:
-            response.close()
-            raise self._broken(e) from None
-        except BaseException:
-            response.close()
-            raise
-        return EventStream(self._events(response, chunks))
+        """POST ``body``; the answer is read up to its first byte to tell an event stream from JSON.
 
-    def _events(self, response, chunks) -> Iterator[SSE]:
+        An event stream's events are read as they arrive, under the stream's deadlines.
+        """
+        deadline = Deadline.after(min(self.timeout[1], self.stream_timeout))
+        end = mod_time.monotonic() + self.stream_timeout
         try:
-            yield from iter_sse(chunks)
-        except requests.RequestException as e:
-            raise self._broken(e) from None
+            response = self._send('POST', url, headers, body, stream=True, deadline=deadline)
+            try:
+                first, chunks = sniff(response.iter_content(chunk_size=None))
+                if first in (b'{', b'['):
+                    answer = JSONBody(self._json_body(response, b''.join(chunks)))
+                    self._raise_if_expired(deadline, stream=True)
+                    response.close()
+                    deadline.cancel()
+                    return answer
+            except (requests.RequestException, LLMError) as e:
+                response.close()
+                self._raise_if_expired(deadline, stream=True)
+                if isinstance(e, LLMError):
+                    raise
+                raise self._broken(e) from None
+            except BaseException:
+                response.close()
+                raise
+        except BaseException:
+            deadline.cancel()
+            raise
+        return EventStream(self._events(response, chunks, deadline, end))
+
+    def _events(self, response, chunks, deadline: Deadline, end: float) -> Iterator[SSE]:
+        try:
+            try:
+                for event in iter_sse(chunks):
+                    deadline.move(end)           # the caller's time between events is not the provider's
+                    yield event
+                    deadline.move(min(end, mod_time.monotonic() + self.timeout[1]))
+            except (requests.RequestException, LLMError) as e:
+                self._raise_if_expired(deadline, stream=True)
+                if isinstance(e, LLMError):
+                    raise
+                raise self._broken(e) from None
+            finally:
+                response.close()
+            self._raise_if_expired(deadline, stream=True)
         finally:
-            response.close()
+            deadline.cancel()
 
     def _broken(self, e: Exception) -> LLMError:
         return self._error(f'the stream broke before it was complete ({type(e).__name__}); try again')
@@ -108,36 +145,80 @@ class Transport:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _send(self, method: str, url: str, headers: dict, body: dict | None, stream: bool):
-        data = None if body is None else json.dumps(body, ensure_ascii=False).encode('utf-8')
+    def _whole(self, method: str, url: str, headers: dict, body: dict | None) -> Any:
+        """A non-streamed call, all of it (retries too) within ``timeout``."""
+        deadline = Deadline.after(self.timeout[1])
+        try:
+            response = self._send(method, url, headers, body, stream=True, deadline=deadline)
+            try:
+                response.content    # noqa: B018 - read the body while the deadline watches
+            except requests.RequestException as e:
+                self._raise_if_expired(deadline)
+                raise self._error(f'the answer broke before it was complete ({type(e).__name__}); '
+                                  f'try again') from None
+            self._raise_if_expired(deadline)
+            return self._json(response)
+        finally:
+            deadline.cancel()
+
+    def _raise_if_expired(self, deadline: Deadline, stream: bool = False) -> None:
+        if not deadline.fired:
+            return
+        if stream:
+            what = (f'the stream stalled for more than "timeout" ({self.timeout[1]:g} s) or took longer '
+                    f'than "stream_timeout" ({self.stream_timeout:g} s)')
+        else:
+            what = f'the provider did not answer completely within "timeout" ({self.timeout[1]:g} s)'
+        raise LLMTimeout(self._redact(f'{self.name}: {what}; raise it or check the provider'),
+                         connection=self.name) from None
+
+    def _send(self, method: str, url: str, headers: dict, body: dict | None, stream: bool,
+              deadline: Deadline):
+        data = None if body is None else _encode(body)
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
             try:
-                response = self.session.send(self._prepare(method, url, headers, data),
-                                             timeout=self.timeout, stream=stream)
-            except requests.Timeout as e:
-                if isinstance(e, requests.ConnectTimeout) and not last:
-                    self.sleep(self._backoff(attempt))
-                    continue
-                raise LLMTimeout(self._redact(f'{self.name}: no answer from the provider within '
-                                              f'{self.timeout[1]} s; raise "timeout" or check the provider'),
-                                 connection=self.name) from None
+                with deadline.watching():
+                    response = self.session.send(self._prepare(method, url, headers, data),
+                                                 timeout=self._socket_timeout(deadline), stream=stream)
             except requests.RequestException as e:
-                if isinstance(e, requests.ConnectionError) and not last:
-                    self.sleep(self._backoff(attempt))
+                self._raise_if_expired(deadline)
+                if isinstance(e, requests.Timeout) and not isinstance(e, requests.ConnectTimeout):
+                    raise LLMTimeout(self._redact(f'{self.name}: no answer from the provider within '
+                                                  f'{self.timeout[1]:g} s; raise "timeout" or check the provider'),
+                                     connection=self.name) from None
+                wait = self._backoff(attempt)
+                if isinstance(e, requests.ConnectionError) and not last and wait < deadline.remaining():
+                    self.sleep(wait)
                     continue
+                if isinstance(e, requests.Timeout):
+                    raise LLMTimeout(self._redact(f'{self.name}: could not connect to the provider in time; '
+                                                  f'check "address" and that the provider is up'),
+                                     connection=self.name) from None
                 raise self._error(f'cannot reach the provider ({type(e).__name__}); check "address" '
                                   f'and that the provider is up') from None
             if response.status_code < 400:
                 return response
             wait = self._retry_wait(response, attempt)
-            if wait is None or last:
-                raise self._status_error(response)
+            if wait is None or last or wait >= deadline.remaining():
+                try:
+                    error = self._status_error(response)
+                except requests.RequestException as e:
+                    self._raise_if_expired(deadline)
+                    raise self._error(f'the error answer broke before it was complete ({type(e).__name__}); '
+                                      f'try again', status=response.status_code) from None
+                self._raise_if_expired(deadline)
+                raise error
             logger.info('%s: provider answered %s, retrying in %.2f s (attempt %d of %d)', self.name,
                         response.status_code, wait, attempt + 2, self.max_retries + 1)
             response.close()
             self.sleep(wait)
         raise AssertionError('unreachable')
+
+    def _socket_timeout(self, deadline: Deadline) -> tuple[float, float]:
+        """Per-socket-operation timeouts, never beyond what is left of the deadline."""
+        left = max(0.001, deadline.remaining())
+        return min(self.timeout[0], left), min(self.timeout[1], left)
 
     def _prepare(self, method: str, url: str, headers: dict, data: bytes | None) -> requests.PreparedRequest:
         """The request to send: a copy of one prepared per method, URL and headers, with this body.
@@ -217,6 +298,19 @@ class Transport:
         return scrub(value, self._secret)
 
 
+class _WatchedAdapter(HTTPAdapter):
+    """An adapter whose pools record their connections on the active :class:`Deadline`."""
+
+    def init_poolmanager(self, *args, **kwargs) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = WATCHED_POOLS
+
+    def proxy_manager_for(self, proxy, **kwargs):
+        manager = super().proxy_manager_for(proxy, **kwargs)
+        manager.pool_classes_by_scheme = WATCHED_POOLS
+        return manager
+
+
 def read_environment_once(session: requests.Session, address: str) -> None:
     """Settle proxy and CA-bundle settings from the environment now, not on every request.
 
@@ -251,6 +345,20 @@ def parse_retry_after(headers) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - mod_time.time())
+
+
+def _encode(body: dict) -> bytes:
+    """The JSON bytes of a request body; text that is not valid Unicode goes as U+FFFD.
+
+    Input is checked before it gets here, but a chat stored by an older version
+    may hold a lone surrogate in its history: one bad turn must not make the chat
+    unusable, so it is cleaned here, on the way out, rather than refused.
+    """
+    text = json.dumps(body, ensure_ascii=False)
+    try:
+        return text.encode('utf-8')
+    except UnicodeEncodeError:
+        return json.dumps(clean_value(body), ensure_ascii=False).encode('utf-8')
 
 
 def _text(raw: bytes) -> str:

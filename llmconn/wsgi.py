@@ -1,12 +1,23 @@
-"""The WSGI application of ``llmconn serve``: routing, API keys, error mapping, SSE.
+"""The WSGI application of ``llmconn serve``: routing, API keys, request bodies, probes.
 
-Every response carries the request's correlation id in ``X-Cid``; every
-error is a JSON ``{"error": message, "cid": ...}`` whose message is safe to
-show: llmconn's own errors never carry secrets, and anything else becomes a
-generic message while the traceback goes to the server log under the cid.
+Every response carries the request's correlation id in ``X-Cid``. Errors
+are mapped to statuses in :mod:`llmconn.responses`; this module never lets
+anything a service raises escape: ``SystemExit`` and ``KeyboardInterrupt``
+from ``handle()`` are a 500 for that request, only a greenlet kill (the
+server stopping the request) passes through.
 
-    unknown service 404 · bad JSON or input 400 · ChatBusy 429 + Retry-After
-    LLMError 502 · StoreError 503 · anything else 500 · missing API key 401
+Routes of the host itself are the :data:`ROUTES` dict, path (without the
+leading ``/``) → :class:`Route`; anything else is a service name. To add one
+(``/metrics``, ``/admin``), add an entry: a handler ``(app, environ, cid)``
+returning ``(status, headers, body)``, its methods, and ``public=True`` if
+it must answer without an API key.
+
+``/health`` is liveness and needs no key: 200 while the process serves,
+``status`` "ok", or "config-error" when the configuration file failed to
+(re)load (a restart would not help: the process could not start with it).
+``/ready`` is readiness for a load balancer: 200 only when the configuration
+is loaded and the chat store answers, else 503 with a short reason that
+holds no secret and no host:port.
 """
 
 from __future__ import annotations
@@ -15,30 +26,30 @@ import hmac
 import json
 import logging
 import time as mod_time
-from http import HTTPStatus
-from typing import Any, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
 
-from llmconn.errors import ChatBusy, InvalidInput, LLMConnError, LLMError, StoreError
-from llmconn.service import ServiceError, UnknownService, new_cid, run
+from gevent import GreenletExit, Timeout
+
+from llmconn.responses import (CHAT_BUSY_RETRY_AFTER, HTTPFailure, InvalidResponse, check_response,  # noqa: F401
+                               classify, encode_event, encode_response, error_response, json_response,
+                               sse_response, status_line)
+from llmconn.service import new_cid, run
 
 logger = logging.getLogger('llmconn.server')
 
 MAX_BODY_BYTES = 10 * 1024 * 1024   # a request body above this is refused with 413
-CHAT_BUSY_RETRY_AFTER = 1           # seconds a client is told to wait when a chat is busy
+READY_STORE_TIMEOUT = 2.0           # seconds /ready waits for the store's answer
 CID_HEADER = 'X-Cid'
-_JSON = 'application/json'
-_SSE_HEADERS = [('Content-Type', 'text/event-stream; charset=utf-8'), ('Cache-Control', 'no-cache'),
-                # Reverse proxies (nginx) would otherwise buffer the stream and defeat it.
-                ('X-Accel-Buffering', 'no')]
 
 
-class HTTPFailure(Exception):
-    """A request refused by the host itself, with the status to send."""
+@dataclass(frozen=True)
+class Route:
+    """A path the host answers itself."""
 
-    def __init__(self, status: int, message: str, headers: list | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = headers or []
+    handler: Callable[['App', dict, str], tuple]
+    methods: tuple = ('GET',)
+    public: bool = False        # answers without an API key
 
 
 class App:
@@ -55,13 +66,19 @@ class App:
         method, path = environ['REQUEST_METHOD'], environ.get('PATH_INFO') or '/'
         self.active += 1
         try:
-            status, headers, body = self._dispatch(environ, method, path, cid)
-        except Exception as e:
-            status, headers, body = error_response(e, cid, f'{method} {path}')
-        headers.append((CID_HEADER, cid))
-        if self.draining:
-            headers.append(('Connection', 'close'))
-        start_response(_status_line(status), headers)
+            try:
+                status, headers, body = self._dispatch(environ, method, path, cid)
+            except GreenletExit:
+                raise
+            except BaseException as e:      # SystemExit, KeyboardInterrupt: this request only
+                status, headers, body = error_response(e, cid, f'{method} {path}')
+            headers.append((CID_HEADER, cid))
+            if self.draining:
+                headers.append(('Connection', 'close'))
+            start_response(status_line(status), headers)
+        except BaseException:
+            self.active -= 1        # no body to close: nothing else would count this request out
+            raise
         logger.info('%s %s %d %.1fms cid=%s', method, path, status, (mod_time.perf_counter() - started) * 1000, cid)
         return _Tracked(body, self._finished)
 
@@ -69,27 +86,30 @@ class App:
         self.active -= 1
 
     def _dispatch(self, environ: dict, method: str, path: str, cid: str) -> tuple:
-        self._check_api_key(environ)
         name = path.strip('/')
-        if name in ('health', 'services'):
-            if method != 'GET':
-                raise HTTPFailure(405, f'use GET for /{name}', [('Allow', 'GET')])
-            if name == 'services':
-                return _json(200, self._services())
-            health = self._health()
-            # Load balancers read the status: a server whose store is down cannot serve chats.
-            return _json(200 if health['status'] == 'ok' else 503, health)
+        route = ROUTES.get(name)
+        if route is None or not route.public:
+            self._check_api_key(environ)
+        if route is not None:
+            if method not in route.methods:
+                raise HTTPFailure(405, f'use {" or ".join(route.methods)} for /{name}',
+                                  [('Allow', ', '.join(route.methods))])
+            return route.handler(self, environ, cid)
         if not name:
             raise HTTPFailure(404, 'POST /<service-name> to call a service; GET /services lists them')
+        return self._call_service(environ, method, name, cid)
+
+    def _call_service(self, environ: dict, method: str, name: str, cid: str) -> tuple:
         cls = self.host.get_service(name)
         if method != 'POST':
             raise HTTPFailure(405, f'call services with POST, not {method}', [('Allow', 'POST')])
         if getattr(cls, 'requires_api_key', False) and not self._api_keys():
             raise HTTPFailure(403, f'service {name} requires an API key, and none is configured; '
                                    f'set server.api_keys in the configuration to enable it')
-        raw = _read_body(environ)
+        raw = read_body(environ)
         service = cls(self.host.registry, cid=cid, invoker=self.host.get_service)
-        response = run(service, _parse_json(raw), raw, _request_headers(environ))
+        response = run(service, parse_json(raw), raw, request_headers(environ))
+        check_response(response, name)
         if response.events is not None:
             return sse_response(response.events, cid, response.headers)
         return encode_response(response)
@@ -116,25 +136,58 @@ class App:
             raise HTTPFailure(401, 'a valid API key is required: send it as X-API-Key or Authorization: Bearer',
                               [('WWW-Authenticate', 'Bearer')])
 
-    def _health(self) -> dict:
-        registry = self.host.registry
-        store = {'shared': bool(getattr(registry.store, 'shared', False)), 'reachable': True}
-        try:
-            registry.store.ping()
-        except Exception as e:
-            store['reachable'] = False
-            store['error'] = str(e) if isinstance(e, LLMConnError) else type(e).__name__
-        config = self.host.config.status() if self.host.config else {}
-        return {'status': 'ok' if store['reachable'] else 'degraded', 'store': store,
-                'connections': list(registry), 'services': sorted(self.host.deployer.services),
-                'config_error': config.get('last_error')}
+    def config_error(self) -> bool:
+        """Whether the configuration file failed to (re)load (the previous one keeps serving)."""
+        status = self.host.config.status() if self.host.config else {}
+        return bool(status.get('last_error'))
 
-    def _services(self) -> dict:
-        deployed = sorted(self.host.deployer.services.values(), key=lambda d: d.name)
-        return {'services': [{'name': d.name, 'file': str(d.path), 'deployed_at': _iso(d.deployed_at)}
-                             for d in deployed],
-                'files': self.host.deployer.status(),
-                'config': self.host.config.status() if self.host.config else None}
+    def store_problem(self) -> str:
+        """'' when the chat store answers, else a short reason without its address."""
+        try:
+            with Timeout(READY_STORE_TIMEOUT):
+                self.host.registry.store.ping()
+        except Timeout:
+            return f'the chat store did not answer within {READY_STORE_TIMEOUT:g} s'
+        except Exception as e:
+            logger.warning('/ready: the chat store does not answer: %s', e)
+            return 'the chat store does not answer'
+        return ''
+
+
+def _health(app: App, environ: dict, cid: str) -> tuple:
+    if app.config_error():
+        return json_response(200, {'status': 'config-error', 'reason': _CONFIG_REASON})
+    return json_response(200, {'status': 'ok'})
+
+
+def _ready(app: App, environ: dict, cid: str) -> tuple:
+    reason = _CONFIG_REASON if app.config_error() else app.store_problem()
+    if reason:
+        return json_response(503, {'status': 'not-ready', 'reason': reason})
+    return json_response(200, {'status': 'ready'})
+
+
+_CONFIG_REASON = 'the configuration file failed to load; the server log and GET /services have the error'
+
+
+def _services(app: App, environ: dict, cid: str) -> tuple:
+    host = app.host
+    deployed = sorted(host.deployer.services.values(), key=lambda d: d.name)
+    registry = host.registry
+    return json_response(200, {
+        'services': [{'name': d.name, 'file': d.path.name, 'deployed_at': _iso(d.deployed_at)} for d in deployed],
+        'files': host.deployer.status(),
+        'config': host.config.status() if host.config else None,
+        'connections': list(registry),
+        'store': {'shared': bool(getattr(registry.store, 'shared', False))}})
+
+
+# The host's own paths; everything else is a service name. Add an entry to add a route.
+ROUTES: dict[str, Route] = {
+    'health': Route(_health, public=True),
+    'ready': Route(_ready, public=True),
+    'services': Route(_services),
+}
 
 
 class _Tracked:
@@ -156,105 +209,16 @@ class _Tracked:
             self.on_close()
 
 
-def classify(e: BaseException) -> tuple[int, str, list]:
-    """The HTTP status, a message safe for the client, and extra headers for an exception."""
-    if isinstance(e, HTTPFailure):
-        return e.status, str(e), e.headers
-    if isinstance(e, UnknownService):
-        return 404, str(e), []
-    if isinstance(e, ServiceError):
-        return e.status, str(e), []
-    if isinstance(e, InvalidInput):
-        return 400, str(e), []
-    if isinstance(e, ChatBusy):
-        return 429, str(e), [('Retry-After', str(CHAT_BUSY_RETRY_AFTER))]
-    if isinstance(e, LLMError):
-        return 502, str(e), []
-    if isinstance(e, StoreError):
-        return 503, str(e), []
-    if isinstance(e, LLMConnError):     # ConfigError, UnknownConnection...: our messages carry no secrets
-        return 500, str(e), []
-    return 500, 'internal error; the server log has the details under this cid', []
-
-
-def error_response(e: BaseException, cid: str, what: str) -> tuple:
-    status, message, extra = classify(e)
-    if status >= 500:
-        # Only the unexpected get a traceback; an LLMError or StoreError is explained by its message.
-        logger.error('%s failed with %d (cid=%s): %s', what, status, cid, message,
-                     exc_info=not isinstance(e, LLMConnError))
-    status, headers, body = _json(status, {'error': message, 'cid': cid})
-    return status, headers + list(extra), body
-
-
-def encode_response(response: Any) -> tuple:
-    """A service's response: dict/list → JSON, str → text/plain, bytes as they are, None → empty."""
-    payload = response.payload
-    if isinstance(payload, (dict, list)):
-        body, content_type = json.dumps(payload, ensure_ascii=False).encode(), _JSON
-    elif isinstance(payload, str):
-        body, content_type = payload.encode(), 'text/plain; charset=utf-8'
-    elif isinstance(payload, bytes):
-        body, content_type = payload, 'application/octet-stream'
-    elif payload is None:
-        body, content_type = b'', 'text/plain; charset=utf-8'
-    else:
-        body, content_type = json.dumps(payload).encode(), _JSON
-    headers = [('Content-Type', response.content_type or content_type), ('Content-Length', str(len(body)))]
-    headers += [(str(k), str(v)) for k, v in response.headers.items()
-                if k.lower() not in ('content-type', 'content-length')]
-    return int(response.status_code), headers, [body]
-
-
-def sse_response(events: Iterable, cid: str, extra_headers: dict | None = None) -> tuple:
-    """Server-Sent Events, one per item of ``events``, each written to the socket as it comes.
-
-    The first event is taken before answering, so a chat that is busy or a
-    provider that refuses still gets its proper status code. Afterwards an
-    error can only be reported in-band, as an ``error`` event. When the
-    client goes away, the server closes this body, which closes ``events``:
-    a connection's stream then saves nothing and frees the chat at once.
-    """
-    iterator = iter(events)
-    first = next(iterator, None)
-
-    def body() -> Iterator[bytes]:
-        try:
-            if first is not None:
-                yield encode_event(first)
-            for event in iterator:
-                yield encode_event(event)
-        except Exception as e:
-            status, message, _ = classify(e)
-            logger.error('Stream failed with %d (cid=%s): %s', status, cid, message,
-                         exc_info=not isinstance(e, LLMConnError))
-            yield _sse('error', {'error': message, 'status': status, 'cid': cid})
-        finally:
-            close = getattr(iterator, 'close', None)
-            if close is not None:
-                close()
-
-    headers = list(_SSE_HEADERS) + [(str(k), str(v)) for k, v in (extra_headers or {}).items()]
-    return 200, headers, body()
-
-
-def encode_event(event: Any) -> bytes:
-    """An llmconn Event (or a plain str, sent as text) as one SSE message."""
-    if isinstance(event, str):
-        return _sse('text', {'text': event})
-    if event.type == 'done':
-        # The provider's raw answer stays on the server: the client gets text, usage and model.
-        return _sse('done', {k: v for k, v in (event.result or {}).items() if k != 'raw'})
-    return _sse(event.type, {'text': event.text})
-
-
-def _sse(event: str, data: Any) -> bytes:
-    return f'event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n'.encode()
-
-
-def _json(status: int, data: Any) -> tuple:
-    body = json.dumps(data, ensure_ascii=False).encode()
-    return status, [('Content-Type', _JSON), ('Content-Length', str(len(body)))], [body]
+def read_body(environ: dict) -> bytes:
+    """The request body; a body that ends early or stalls is the client's fault (400/408), not a 500."""
+    try:
+        return _read_body(environ)
+    except TimeoutError:
+        raise HTTPFailure(408, 'the request body did not arrive in time; send it whole') from None
+    except OSError as e:        # gevent: "unexpected end of file", a bad chunk
+        logger.info('Incomplete request body: %s', e)
+        raise HTTPFailure(400, 'the request body ended before its declared length, or its chunks are '
+                               'malformed; send the whole body') from None
 
 
 def _read_body(environ: dict) -> bytes:
@@ -273,16 +237,18 @@ def _read_body(environ: dict) -> bytes:
     return stream.read(length) if length else b''
 
 
-def _parse_json(raw: bytes) -> Any:
+def parse_json(raw: bytes) -> Any:
     if not raw.strip():
         return None
     try:
         return json.loads(raw)
+    except RecursionError:
+        raise HTTPFailure(400, 'the request body is JSON nested too deeply; send a flatter object') from None
     except ValueError as e:
         raise HTTPFailure(400, f'the request body is not valid JSON ({e}); send a JSON object') from None
 
 
-def _request_headers(environ: dict) -> dict:
+def request_headers(environ: dict) -> dict:
     headers = {k[5:].replace('_', '-').lower(): v for k, v in environ.items() if k.startswith('HTTP_')}
     for key in ('CONTENT_TYPE', 'CONTENT_LENGTH'):
         if environ.get(key):
@@ -291,13 +257,6 @@ def _request_headers(environ: dict) -> dict:
     headers.pop('x-api-key', None)
     headers.pop('authorization', None)
     return headers
-
-
-def _status_line(status: int) -> str:
-    try:
-        return f'{status} {HTTPStatus(status).phrase}'
-    except ValueError:
-        return f'{status} Status'
 
 
 def _iso(ts: float) -> str:

@@ -4,6 +4,8 @@ Each request gets the next ``(status, headers, body[, delay])`` of ``script``;
 ``body`` is bytes, or a list of pieces sent chunked with a short pause
 between them (a stream arriving in parts). ``received`` records
 ``(path, headers, raw body)`` of every request, so every attempt is visible.
+A :class:`Trickle` body is sent one byte at a time, ``pause`` seconds apart
+(a provider that keeps a connection alive without ever finishing).
 """
 
 from __future__ import annotations
@@ -14,6 +16,14 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PIECE_PAUSE = 0.005     # seconds between the pieces of a chunked answer
+
+
+class Trickle:
+    """A body sent chunked, piece by piece (bytes: byte by byte), ``pause`` seconds apart."""
+
+    def __init__(self, data, pause: float) -> None:
+        self.pieces = [data[i:i + 1] for i in range(len(data))] if isinstance(data, bytes) else list(data)
+        self.pause = pause
 
 
 class ScriptedServer(ThreadingHTTPServer):
@@ -52,6 +62,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         for name, value in headers.items():
             self.send_header(name, value)
+        if isinstance(body, Trickle):
+            self.send_header('transfer-encoding', 'chunked')
+            self.end_headers()
+            for piece in body.pieces:
+                try:
+                    self.wfile.write(b'%x\r\n%s\r\n' % (len(piece), piece))
+                    self.wfile.flush()
+                except OSError:
+                    return          # the client gave up on us: what a trickle test wants
+                time.sleep(body.pause)
+            self.wfile.write(b'0\r\n\r\n')
+            return
         if isinstance(body, bytes):
             self.send_header('content-length', str(len(body)))
             self.end_headers()

@@ -54,3 +54,43 @@ def test_invoke_chat_and_ping(config):
     assert llmconn('ping', 'Fake Claude', '--config', str(config)).stdout.strip() == 'Fake Claude: OK'
     missing = llmconn('invoke', 'Nope', 'x', '--config', str(config))
     assert missing.returncode == 1 and '"Fake Claude", "Fake OpenAI"' in missing.stderr
+
+
+# -- the command line itself --------------------------------------------------------------------
+
+def test_verbose_flag_is_accepted_after_the_subcommand(config):
+    for argv in (['-v', 'check', str(config)], ['check', str(config), '-v'], ['check', '-v', str(config)]):
+        done = llmconn(*argv)
+        assert done.returncode == 0, (argv, done.stderr)
+
+
+def test_every_argument_of_every_subcommand_has_help_text():
+    import argparse
+
+    from llmconn.cli import _parser
+    parser = _parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f'{name} {action.dest}' for name, sub in subparsers.choices.items() for action in sub._actions
+               if action.help is None]
+    assert not missing
+
+
+def test_closed_pipe_exits_quietly_without_a_traceback(tmp_path):
+    # Many connections, so the output is larger than what `head -c 1` reads and the pipe buffer holds.
+    path = tmp_path / 'many.yaml'
+    path.write_text('llm:\n' + ''.join(f'  - name: conn-{i}\n    model: claude-x\n    address: http://127.0.0.1:9\n'
+                                       for i in range(3000)))
+    done = subprocess.run(f'{sys.executable} -m llmconn check {path} | head -c 1', shell=True, capture_output=True,
+                          text=True, timeout=120)
+    assert 'Traceback' not in done.stderr and 'BrokenPipe' not in done.stderr, done.stderr
+
+
+def test_importing_the_library_neither_patches_nor_loads_requests_or_redis():
+    code = ('import sys, llmconn\n'
+            'heavy = [m for m in ("requests", "redis", "urllib3") if m in sys.modules]\n'
+            'assert not heavy, heavy\n'
+            'assert llmconn.Registry.__name__ == "Registry" and llmconn.ChatBusy.__name__ == "ChatBusy"\n'
+            'from gevent import monkey\n'
+            'assert not monkey.is_module_patched("socket")\n')
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -123,3 +123,107 @@ def test_redis_password_is_masked_in_the_config_repr():
     assert conf.redis.url == 'redis://app:pw-TOP-SECRET@10.0.0.5:6379/0'      # usable ...
     assert 'pw-TOP-SECRET' not in repr(conf) and 'pw-TOP-SECRET' not in str(conf.redis)   # ... never shown
     assert 'redis://app:***@10.0.0.5:6379/0' in repr(conf.redis)
+
+
+# ---- hardening (SPEC §14)
+
+
+def test_a_lock_ttl_renewal_cannot_keep_alive_is_refused_at_load_saying_why():
+    with pytest.raises(ConfigError, match=r'lock_ttl must be at least 0\.1 s, got 0\.003: .*renewed every'):
+        load([{'name': 'c', 'model': 'm', 'lock_ttl': 0.003}])
+    with pytest.raises(ConfigError, match='lock_ttl must be at least'):
+        load([{'name': 'c', 'model': 'm', 'lock_ttl': float('nan')}])
+    assert load([{'name': 'c', 'model': 'm', 'lock_ttl': 0.1}]).llm[0].lock_ttl == 0.1
+
+
+BILLION_LAUGHS = '\n'.join(
+    ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    + [f'{n}: &{n} [{",".join([f"*{p}"] * 9)}]' for p, n in zip('abcdefg', 'bcdefgh')]
+    + ['llm: [*h]']) + '\n'
+
+
+def test_a_billion_laughs_file_fails_fast_in_check_and_on_reload(tmp_path):
+    import subprocess
+    import sys
+
+    from llmconn.registry import Registry
+
+    path = tmp_path / 'llm.yaml'
+    path.write_text(BILLION_LAUGHS)
+    with pytest.raises(ConfigError, match='aliases .* not allowed'):
+        mod_config.load_file(path)
+    out = subprocess.run([sys.executable, '-m', 'llmconn', 'check', str(path)], capture_output=True,
+                         text=True, timeout=30)      # 55 s and 1.2 GB before
+    assert out.returncode != 0 and 'aliases' in out.stderr + out.stdout
+    path.write_text('llm:\n  - {name: c, model: gpt-4o}\n')
+    registry = Registry.from_file(path)
+    try:
+        path.write_text(BILLION_LAUGHS)
+        with pytest.raises(ConfigError, match='aliases'):
+            registry.reload()
+        assert list(registry) == ['c']          # the old set keeps serving
+    finally:
+        registry.close()
+
+
+def test_merge_keys_are_aliases_too_and_refused(tmp_path):
+    path = tmp_path / 'llm.yaml'
+    path.write_text('base: &base {model: gpt-4o}\nllm:\n  - <<: *base\n    name: c\n')
+    with pytest.raises(ConfigError, match='line 3: YAML aliases'):
+        mod_config.load_file(path)
+
+
+def test_a_yaml_syntax_error_says_where_without_quoting_the_secret_on_that_line(tmp_path):
+    path = tmp_path / 'llm.yaml'
+    path.write_text('llm:\n  - {name: a, model: gpt-4o, secret: sk-live-TOPSECRET: x}\n')
+    with pytest.raises(ConfigError) as info:
+        mod_config.load_file(path)
+    assert 'line 2' in str(info.value) and 'TOPSECRET' not in str(info.value)
+
+
+@pytest.mark.parametrize('address', ['https://user:sk-PROXYKEY@proxy.example/v1', 'https://sk-PROXYKEY@proxy/v1',
+                                     'https://u:sk-PROXYKEY/with#odd?chars@proxy/v1'])
+def test_address_userinfo_is_masked_in_check_repr_and_errors(tmp_path, address):
+    import subprocess
+    import sys
+
+    path = tmp_path / 'llm.yaml'
+    path.write_text(f'llm:\n  - {{name: a, model: gpt-4o, address: "{address}"}}\n')
+    out = subprocess.run([sys.executable, '-m', 'llmconn', 'check', str(path)], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0 and 'proxy' in out.stdout and 'PROXYKEY' not in out.stdout + out.stderr
+    assert 'PROXYKEY' not in repr(mod_config.load_file(path))
+    with pytest.raises(ConfigError) as info:
+        load([{'name': 'a', 'model': 'gpt-4o', 'address': address.replace('https', 'ftp')}])
+    assert 'PROXYKEY' not in str(info.value) and 'must start with http' in str(info.value)
+
+
+@pytest.mark.parametrize('value', [float('nan'), float('inf'), [1, float('-inf')]])
+def test_params_holding_nan_or_infinity_are_refused_at_load(value):
+    with pytest.raises(ConfigError, match='NaN and Infinity are not JSON'):
+        load([{'name': 'c', 'model': 'gpt-4o', 'params': {'temperature': value}}])
+
+
+def test_yaml_nan_in_params_is_refused_at_load(tmp_path):
+    path = tmp_path / 'llm.yaml'
+    path.write_text('llm:\n  - {name: c, model: gpt-4o, params: {temperature: .nan}}\n')
+    with pytest.raises(ConfigError, match='connection "c": field "params": params must be JSON'):
+        mod_config.load_file(path)
+
+
+def test_a_connection_config_built_by_hand_is_complete():
+    from llmconn.connection import Connection
+    from llmconn.skills import SkillCache
+    from llmconn.store import open_store
+
+    conf = mod_config.ConnectionConfig(name='a', model='claude-x')
+    assert (conf.provider, conf.address) == ('claude', 'https://api.anthropic.com')
+    store = open_store('memory://')
+    conn = Connection(conf, store, SkillCache('.'))      # KeyError: '' before
+    try:
+        assert conn.provider.name == 'claude'
+    finally:
+        conn.close()
+        store.close()
+    with pytest.raises(ValueError, match='unknown provider'):
+        mod_config.ConnectionConfig(name='a', model='m', provider='nope')

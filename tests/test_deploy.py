@@ -4,16 +4,19 @@ import itertools
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 import requests
 
 from llmconn.demo import start_server, stop
-from llmconn.deploy import ConfigWatch, Deployer
+from llmconn.deploy import Deployer
+from llmconn.host import ConfigWatch
 from llmconn.errors import ConfigError
 from llmconn.service import UnknownService
 from llmconn.testing.fake_server import FakeProviderServer
@@ -127,15 +130,53 @@ def test_a_file_named_like_a_stdlib_module_does_not_replace_it(tmp_path):
     assert sys.modules['json'] is json and deployer.get('not.json')
 
 
+def test_clash_error_does_not_leak_an_internal_class_name(tmp_path):
+    deployer = Deployer(tmp_path)
+    write(tmp_path / 'first.py', service_source('same.name', 'first'))
+    write(tmp_path / 'second.py', service_source('same.name', 'second'))
+    deployer.scan(settle=False)
+    errors = [s['last_error'] for s in deployer.status() if s['last_error']]
+    assert errors and all('_Clash' not in e and 'Clash:' not in e for e in errors), errors
+
+
+def test_editing_a_helper_module_redeploys_the_services_that_import_it(tmp_path):
+    helper = f'helpers_{uuid.uuid4().hex[:8]}'     # its own name in sys.modules for this test
+    write(tmp_path / 'a_greet.py', f'''
+from llmconn.service import Service
+from {helper} import GREETING
+
+
+class Greet(Service):
+    name = 'greet'
+    answer = GREETING
+
+    def handle(self):
+        self.response.payload = self.answer
+''')
+    write(tmp_path / f'{helper}.py', 'GREETING = "one"\n')
+    deployer = Deployer(tmp_path)
+    try:
+        deployer.scan(settle=False)             # a_greet sorts first, yet its helper is deployed before it
+        assert deployer.get('greet').answer == 'one', deployer.status()
+        write(tmp_path / f'{helper}.py', 'GREETING = "two"\n')
+        deployer.scan()
+        deployer.scan()
+        assert deployer.get('greet').answer == 'two'
+    finally:
+        sys.modules.pop(helper, None)
+        sys.modules.pop('a_greet', None)
+
+
 class StandInRegistry:
     def __init__(self):
         self.reloads = 0
         self.fail_with = None
 
-    def reload(self):
+    def reload(self, conf=None):
         if self.fail_with:
             raise self.fail_with
         self.reloads += 1
+        self.conf = conf
 
 
 def test_config_watch_reloads_on_change_and_keeps_the_old_on_error(tmp_path):
@@ -147,11 +188,33 @@ def test_config_watch_reloads_on_change_and_keeps_the_old_on_error(tmp_path):
     watch.scan()
     watch.scan()
     assert registry.reloads == 1 and watch.status()['last_error'] is None
+    assert registry.conf.llm == ()          # parsed by the watch (off the hub), not again by the registry
     registry.fail_with = ConfigError('llm.yaml: connection "X": field "model": required key is missing')
     write(path, 'llm: [{name: X}]\n')
     watch.scan()
     watch.scan()
     assert 'field "model"' in watch.status()['last_error'] and registry.reloads == 1
+
+
+def test_off_hub_work_runs_in_another_os_thread_under_gevent():
+    code = ('from gevent import monkey; monkey.patch_all()\n'
+            'import threading, gevent\n'
+            'from llmconn.hotload import off_hub\n'
+            'ticks = []\n'
+            'ticker = gevent.spawn(lambda: [ticks.append(1) or gevent.sleep(0.01) for _ in range(1000)])\n'
+            'def busy():\n'
+            '    import time\n'
+            '    end = time.perf_counter() + 0.5\n'
+            '    while time.perf_counter() < end: pass\n'
+            '    return threading.get_native_id()\n'
+            'assert off_hub(busy) != threading.get_native_id()\n'
+            'assert len(ticks) > 5, ticks     # the hub kept running greenlets meanwhile\n'
+            'try:\n'
+            '    off_hub(lambda: exit(3))\n'
+            'except SystemExit:\n'
+            '    print("ok")\n')
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == 'ok', done.stderr
 
 
 # -- through a running server ------------------------------------------------------------------
@@ -253,7 +316,41 @@ def test_config_edit_reloads_and_a_bad_edit_keeps_the_old_registry(served):
 '''))
     eventually(lambda: call(url, 'test.connections') == (200, ['First', 'Second']))
     write(config, CONFIG.format(url=fake_url, more='  - name: Third\n    modle: typo\n'))
-    eventually(lambda: requests.get(f'{url}/health', timeout=5).json()['config_error'])
+    eventually(lambda: requests.get(f'{url}/health', timeout=5).json()['status'] == 'config-error')
     error = requests.get(f'{url}/services', timeout=5).json()['config']['last_error']
     assert 'Third' in error and 'modle' in error
     assert call(url, 'test.connections') == (200, ['First', 'Second'])
+
+
+SLOW_IMPORT = '''
+import os
+import time
+
+from llmconn.service import Service
+
+open({started!r}, 'w').close()
+while not os.path.exists({release!r}):      # CPU-bound, as a heavy import is: never yields to gevent
+    time.perf_counter()
+
+
+class Slow(Service):
+    name = 'test.slow-import'
+
+    def handle(self):
+        self.response.payload = {{'answer': 'imported'}}
+'''
+
+
+def test_a_slow_import_during_hot_deploy_does_not_freeze_requests(served, tmp_path):
+    url, services, _, _ = served
+    started, release = tmp_path / 'started', tmp_path / 'release'
+    write(services / 'slow.py', SLOW_IMPORT.format(started=str(started), release=str(release)))
+    try:
+        eventually(started.exists, deadline=10)
+        # The import is still running (it waits for `release`): the server must answer meanwhile.
+        assert requests.get(f'{url}/health', timeout=5).status_code == 200
+        assert call(url, 'test.connections')[0] == 200
+    finally:
+        release.touch()
+    eventually(lambda: call(url, 'test.slow-import') == (200, {'answer': 'imported'}), deadline=10)
+    (services / 'slow.py').unlink()

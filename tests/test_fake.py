@@ -125,3 +125,34 @@ def test_registry_looks_up_by_name():
     assert '"Claude"' in str(info.value) and '"GPT"' in str(info.value)
     registry.close()
     assert registry.closed and claude.closed and gpt.closed
+
+
+BAD_CALLS = {
+    'text-not-str': lambda c: c.invoke(123),
+    'text-blank': lambda c: c.chat('  ', chat_id='a'),
+    'text-too-long': lambda c: c.invoke('x' * 1_000_001),
+    'text-lone-surrogate': lambda c: c.invoke('half \ud83d'),
+    'chat-id-not-str': lambda c: c.chat('hi', chat_id=7),
+    'chat-id-too-long': lambda c: c.stream('hi', chat_id='x' * 300),
+    'skill-not-str': lambda c: c.invoke('hi', skill=123),
+    'params-not-json': lambda c: c.invoke('hi', when=object()),
+    'params-nan': lambda c: c.invoke('hi', temperature=float('nan')),
+    'params-infinity': lambda c: c.chat('hi', chat_id='a', top_p=float('inf')),
+    'params-reserved': lambda c: c.invoke('hi', model='other'),
+    'params-reserved-messages': lambda c: c.stream('hi', messages=[]),
+    'params-lone-surrogate': lambda c: c.invoke('hi', note='\udc00'),
+    'history-empty-id': lambda c: c.history(''),
+}
+
+
+@pytest.mark.parametrize('call', BAD_CALLS.values(), ids=BAD_CALLS.keys())
+def test_the_fake_refuses_exactly_what_the_real_connection_refuses(call, open_registry, provider):
+    real = open_registry({'llm': [{'name': 'real', 'provider': 'claude', 'model': 'claude-sonnet-4-6',
+                                   'address': provider.url, 'max_retries': 0}]})['real']
+    with pytest.raises(InvalidInput) as real_error:
+        call(real)
+    fake = FakeConnection(['kept'], provider='claude')
+    with pytest.raises(InvalidInput) as fake_error:
+        call(fake)
+    assert str(fake_error.value) == str(real_error.value)
+    assert fake.replies[0] == 'kept' and provider.requests == []

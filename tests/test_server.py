@@ -164,13 +164,20 @@ def assert_safe_error(response, status):
 
 # -- the happy paths ---------------------------------------------------------------------------
 
-def test_health_reports_store_connections_and_services(host):
+def test_health_is_a_bare_liveness_answer(host):
     response = host.session.get(f'{host.url}/health', timeout=5)
-    assert response.status_code == 200
-    health = response.json()
-    assert health['status'] == 'ok' and health['store']['reachable'] is True
-    assert health['connections'] == ['Support']
-    assert {'demo.llm.support-chat', 'demo.llm.ask', 'test.echo'} <= set(health['services'])
+    assert response.status_code == 200 and response.json() == {'status': 'ok'}
+
+
+def test_ready_when_the_config_is_loaded_and_the_store_answers(host):
+    response = host.session.get(f'{host.url}/ready', timeout=5)
+    assert response.status_code == 200 and response.json() == {'status': 'ready'}
+
+
+def test_services_lists_connections_and_services(host):
+    listing = host.session.get(f'{host.url}/services', timeout=5).json()
+    assert listing['connections'] == ['Support']
+    assert {'demo.llm.support-chat', 'demo.llm.ask', 'test.echo'} <= {s['name'] for s in listing['services']}
 
 
 def test_services_lists_each_service_with_its_file_and_deploy_time(host):
@@ -179,6 +186,9 @@ def test_services_lists_each_service_with_its_file_and_deploy_time(host):
     assert by_name['demo.llm.support-chat']['file'].endswith('demo_llm.py')
     assert by_name['test.echo']['deployed_at'].endswith('Z')
     assert all(f['last_error'] is None for f in listing['files'])
+    # Clients get file names, never where the server keeps its files.
+    assert '/' not in json.dumps([s['file'] for s in listing['services']] + [f['file'] for f in listing['files']]
+                                 + [(listing['config'] or {}).get('file', '')])
 
 
 def test_support_chat_remembers_the_first_turn(host):
@@ -291,7 +301,13 @@ def test_admin_service_is_refused_when_no_api_key_is_configured(host):
 def test_requests_without_a_valid_api_key_are_401(keyed):
     assert_safe_error(keyed.post('test.echo', {'a': 1}), 401)
     assert_safe_error(keyed.post('test.echo', {'a': 1}, headers={'X-API-Key': 'wrong'}), 401)
-    assert_safe_error(keyed.session.get(f'{keyed.url}/health', timeout=5), 401)
+    assert_safe_error(keyed.session.get(f'{keyed.url}/services', timeout=5), 401)
+
+
+def test_health_and_ready_answer_without_the_api_key(keyed):
+    # A load balancer or orchestrator probes them without credentials.
+    assert keyed.session.get(f'{keyed.url}/health', timeout=5).status_code == 200
+    assert keyed.session.get(f'{keyed.url}/ready', timeout=5).status_code == 200
 
 
 def test_either_header_carries_the_api_key(keyed):
@@ -318,8 +334,10 @@ def test_store_down_is_503_for_chat_while_one_shot_calls_work(tmp_path, fake):
     try:
         assert_safe_error(h.post('demo.llm.support-chat', {'user_id': user(), 'text': 'hi'}), 503)
         assert h.post('demo.llm.ask', {'text': 'hi'}).status_code == 200
-        health = h.session.get(f'{h.url}/health', timeout=5)
-        assert health.status_code == 503 and health.json()['store']['reachable'] is False
+        assert h.session.get(f'{h.url}/health', timeout=5).status_code == 200     # alive, though
+        ready = h.session.get(f'{h.url}/ready', timeout=5)
+        assert ready.status_code == 503 and ready.json()['reason'] == 'the chat store does not answer'
+        assert dead.rsplit(':', 1)[1].split('/')[0] not in ready.text     # no host:port of the store
     finally:
         h.close()
 
@@ -547,13 +565,32 @@ def test_demo_launcher_serves_a_conversation_offline_and_cleans_up(tmp_path):
         # Run the printed commands as a user would paste them.
         answers = [subprocess.run(c, shell=True, capture_output=True, text=True, timeout=10).stdout
                    for c in commands[:2]]
-        assert 'users: 2 | previous: Hi, my name is Ann' in json.loads(answers[1])['reply']
+        assert 'users: 2 | previous: My name is Ann' in json.loads(answers[1])['reply']
     finally:
         demo.send_signal(signal.SIGTERM)
         assert demo.wait(15) == 0
     for p in (port, provider_port):
         with pytest.raises(requests.ConnectionError):
             requests.get(f'http://127.0.0.1:{p}/health', timeout=2)
+
+
+def test_the_readme_shows_exactly_the_commands_the_demo_prints():
+    from llmconn.demo import conversation, curl_commands
+    readme = (ROOT / 'README.md').read_text()
+    section = readme[readme.index('## Talking to the demo'):readme.index('To use a real Redis')]
+    shown = [line for line in section.splitlines() if line.startswith('curl ')]
+    assert shown == curl_commands()
+    printed = [line.strip() for line in conversation().splitlines() if line.strip().startswith('curl ')]
+    assert all(command in conversation() for command in curl_commands()) and len(printed) >= 3
+
+
+def test_make_run_takes_port_and_host():
+    import subprocess
+    done = subprocess.run(['make', '-n', 'run', 'PORT=17999', 'HOST=0.0.0.0', 'PROVIDER_PORT=17998'], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+    command = done.stdout.strip().splitlines()[-1]
+    assert 'llmconn.demo' in command and '--port 17999' in command and '--host 0.0.0.0' in command
+    assert '--provider-port 17998' in command
 
 
 def test_chunked_request_body_is_read(host):

@@ -50,3 +50,48 @@ def test_file_without_front_matter_is_all_instructions(tmp_path):
     (tmp_path / 'plain' / 'SKILL.md').write_text('Just do it.\n')
     assert SkillCache(tmp_path).get('plain').instructions == 'Just do it.'
     assert SkillCache(tmp_path).names() == ['plain']
+
+
+@pytest.mark.parametrize('name', ['terse\n', 'terse\r', 'ter se', 'a\\b', 'a:b', 'C:x', 'terse\x00'])
+def test_a_name_with_a_trailing_newline_or_any_path_character_is_refused(tmp_path, name):
+    write_skill(tmp_path, 'terse', 'Be brief.')
+    with pytest.raises(InvalidInput, match='not valid'):
+        SkillCache(tmp_path).get(name)
+
+
+def test_a_skill_md_symlinked_outside_the_directory_is_refused(tmp_path):
+    secret = tmp_path / 'outside.txt'
+    secret.write_text('root:x:0:0:root:/root:/bin/bash\n')
+    skills = tmp_path / 'skills'
+    (skills / 'evil').mkdir(parents=True)
+    (skills / 'evil' / 'SKILL.md').symlink_to(secret)
+    with pytest.raises(InvalidInput, match='outside the skills directory') as info:
+        SkillCache(skills).get('evil')
+    assert str(tmp_path) not in str(info.value)
+    assert SkillCache(skills).names() == []
+
+
+def test_a_skill_directory_symlinked_outside_is_refused_but_inside_links_work(tmp_path):
+    elsewhere = tmp_path / 'elsewhere'
+    write_skill(elsewhere, 'away', 'Leaked.')
+    skills = tmp_path / 'skills'
+    write_skill(skills, 'real', 'Be brief.')
+    (skills / 'away').symlink_to(elsewhere / 'away')
+    (skills / 'alias').symlink_to(skills / 'real')
+    cache = SkillCache(skills)
+    with pytest.raises(InvalidInput, match='outside'):
+        cache.get('away')
+    assert cache.get('alias').instructions == 'Be brief.'
+    assert cache.names() == ['alias', 'real']
+
+
+def test_error_messages_never_give_absolute_paths(tmp_path):
+    (tmp_path / 'bad').mkdir()
+    (tmp_path / 'bad' / 'SKILL.md').write_text('---\n: [\n---\nBody\n')
+    (tmp_path / 'empty').mkdir()
+    (tmp_path / 'empty' / 'SKILL.md').write_text('---\nname: e\n---\n')
+    cache = SkillCache(tmp_path)
+    for name in ('nope', 'bad', 'empty', '../x'):
+        with pytest.raises(InvalidInput) as info:
+            cache.get(name)
+        assert str(tmp_path) not in str(info.value), info.value

@@ -455,6 +455,77 @@ def test_responses_replays_an_empty_reply_as_non_empty_text():
         assert_valid(ResponseInputItemParam, item)
 
 
+def reasoning_content_item(*texts):
+    """A reasoning item as vLLM, LM Studio and gpt-oss servers send it: empty summary, text in content."""
+    return {'id': 'rs_1', 'type': 'reasoning', 'summary': [],
+            'content': [{'type': 'reasoning_text', 'text': t} for t in texts]}
+
+
+def test_responses_reasoning_in_content_rather_than_summary_reaches_thinking():
+    reply = responses().parse_response(response_body([reasoning_content_item('We need to greet.', 'Say hi.'),
+                                                      message_item(output_text('Hi'))]))
+    assert (reply.text, reply.thinking) == ('Hi', 'We need to greet.\n\nSay hi.')
+
+
+def test_responses_summary_wins_over_raw_reasoning_content():
+    item = dict(reasoning_content_item('raw'), summary=[{'type': 'summary_text', 'text': 'short'}])
+    assert responses().parse_response(response_body([item, message_item(output_text('x'))])).thinking == 'short'
+
+
+def test_responses_stream_reasoning_text_deltas_and_final_content_reach_thinking():
+    final = response_body([reasoning_content_item('Think.'), message_item(output_text('Hi'))])
+    events = as_sse({'type': 'response.reasoning_text.delta', 'item_id': 'rs_1', 'output_index': 0,
+                     'content_index': 0, 'delta': 'Think.'},
+                    {'type': 'response.output_text.delta', 'item_id': 'msg_1', 'delta': 'Hi'},
+                    {'type': 'response.completed', 'response': final})
+    deltas, reply = run_stream(responses(), events)
+    assert deltas == [('thinking', 'Think.'), ('text', 'Hi')] and reply.thinking == 'Think.'
+    # A final response that drops the reasoning still keeps what the deltas carried.
+    events[-1] = as_sse({'type': 'response.completed', 'response': response_body([message_item(output_text('Hi'))])})[0]
+    assert run_stream(responses(), events)[1].thinking == 'Think.'
+
+
+LITELLM_FORGOT = {'error': {'message': "litellm.BadRequestError: OpenAIException - Previous response with id "
+                                       "'resp_1' not found.", 'type': None, 'param': None, 'code': '400'}}
+LITELLM_QUOTED = {'error': {'message': 'litellm.BadRequestError: OpenAIException - {"error": {"message": '
+                                       '"Previous response with id \'resp_1\' not found.", "code": '
+                                       '"previous_response_not_found"}}', 'type': 'None', 'param': 'None',
+                            'code': '400'}}
+
+
+@pytest.mark.parametrize('status, body, forgot', [
+    (400, LITELLM_FORGOT, True),
+    (400, LITELLM_QUOTED, True),
+    (404, {'detail': "Response with id 'resp_1' not found"}, True),
+    (400, "Prediction history node with id 'resp_1' not found while building the chain", True),
+    (404, {'error': {'message': 'The model `gpt-9` does not exist or was not found', 'code': '404'}}, False),
+    (400, {'error': {'message': 'Invalid value for max_output_tokens', 'param': None, 'code': '400'}}, False),
+], ids=['litellm-rewrapped', 'litellm-quoted-json', 'detail-404', 'lm-studio-text', 'model-404', 'other-400'])
+def test_a_forgotten_chain_is_recognised_in_the_forms_gateways_send(status, body, forgot):
+    from llmconn.providers.openai_responses import forgot_previous as _forgot_previous
+    error = LLMError(f'wire: provider answered HTTP {status}', status=status, provider_body=body)
+    assert _forgot_previous(error, 'resp_1') is forgot
+
+
+def test_a_chain_forgotten_behind_a_gateway_is_reseeded_from_local_history(server, redis_url, unique):
+    first = response_body([message_item(output_text('one'))])
+    second = dict(response_body([message_item(output_text('two'))]), id='resp_2')
+    server.script = [(200, {}, json.dumps(first).encode()),
+                     (400, {'content-type': 'application/json'}, json.dumps(LITELLM_FORGOT).encode()),
+                     (200, {}, json.dumps(second).encode())]
+    conn = Registry.from_dict({'redis': {'url': redis_url}, 'llm': [
+        {'name': 'wire', 'provider': 'openai-responses', 'model': 'gpt-5', 'address': server.url,
+         'state': 'provider', 'max_retries': 0}]})['wire']
+    try:
+        conn.chat('a', chat_id=unique)
+        assert conn.chat('b', chat_id=unique)['text'] == 'two'
+    finally:
+        conn.close()
+    resent = json.loads(server.received[2][2])
+    assert 'previous_response_id' not in resent
+    assert [item['content'] for item in resent['input']] == ['a', 'one', 'b']
+
+
 # ---- a stream request answered with one plain JSON body
 
 

@@ -112,3 +112,38 @@ def test_workers_refuse_a_store_they_cannot_share():
                           env={k: v for k, v in os.environ.items() if k != 'REDIS_URL'})
     assert done.returncode == 2
     assert 'memory://' in done.stderr and 'redis.url' in done.stderr
+
+
+def pids_answering(port, want, deadline=20.0):
+    """The worker pids seen over fresh connections, until ``want`` of them answered (or the deadline)."""
+    pids = set()
+    end = time.monotonic() + deadline
+    while len(pids) < want and time.monotonic() < end:
+        response = requests.post(f'http://127.0.0.1:{port}/test.pid', headers={'Connection': 'close'}, timeout=5)
+        pids.add(response.json()['pid'])
+    return pids
+
+
+def test_a_killed_worker_is_restarted_while_the_others_keep_serving(setup):
+    config, services = setup
+    port = free_port()
+    proc = start_server(config, services, port, extra=['--workers', '2'])
+    try:
+        first = pids_answering(port, 2)
+        assert len(first) == 2
+        victim = sorted(first)[0]
+        os.kill(victim, signal.SIGKILL)
+        # From the next connection on, the survivor answers every request.
+        for _ in range(10):
+            response = requests.post(f'http://127.0.0.1:{port}/test.pid', headers={'Connection': 'close'},
+                                     timeout=5)
+            assert response.status_code == 200
+        # A replacement appears (a pid never seen before), and the supervisor is still there.
+        deadline = time.monotonic() + 30
+        fresh = set()
+        while not fresh and time.monotonic() < deadline:
+            fresh = pids_answering(port, 2, deadline=1.0) - first
+        assert fresh and proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0

@@ -9,6 +9,7 @@ locking. Keeping the mapping pure means most tests need no network.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 from llmconn import items as mod_items
 from llmconn.errors import InvalidInput, LLMError
 from llmconn.sse import SSE, EventStream, JSONBody
+from llmconn.text import Joiner, clean, clean_value
 from llmconn.types import Event, Reply, Request, Turn
 
 if TYPE_CHECKING:
@@ -122,8 +124,11 @@ class Provider:
 
     @staticmethod
     def done(reply: Reply) -> Reply:
-        """What a stream's parse yields last: the whole reply."""
-        return reply
+        """The whole reply, as a parse ends with it; its text is valid Unicode whatever the provider
+        sent (see :mod:`llmconn.text`)."""
+        return dataclasses.replace(reply, text=clean(reply.text), thinking=clean(reply.thinking),
+                                   items=clean_value(reply.items), raw=clean_value(reply.raw),
+                                   steps=clean_value(reply.steps))
 
     # Whether a JSON answer to a stream request is a list of stream chunks (Gemini without
     # alt=sse) rather than one whole reply.
@@ -131,7 +136,26 @@ class Provider:
 
     def read_stream(self, answer: JSONBody | EventStream) -> Iterator[Event | Reply]:
         """The events of a stream request's answer: :meth:`parse_stream`, unless the server
-        answered with plain JSON (it ignored ``stream``), which is then one whole reply."""
+        answered with plain JSON (it ignored ``stream``), which is then one whole reply.
+
+        Deltas leave here as valid Unicode: a surrogate pair split between two events is joined.
+        """
+        joiners = {'text': Joiner(), 'thinking': Joiner()}
+        for event in self._read_stream(answer):
+            joiner = joiners.get(getattr(event, 'type', None))
+            if joiner is not None:
+                text = joiner.feed(event.text)
+                if text:
+                    yield dataclasses.replace(event, text=text)
+                continue
+            if isinstance(event, Reply):
+                for kind, joiner in joiners.items():
+                    rest = joiner.flush()
+                    if rest:
+                        yield Event(kind, text=rest)
+            yield event
+
+    def _read_stream(self, answer: JSONBody | EventStream) -> Iterator[Event | Reply]:
         if isinstance(answer, EventStream):
             yield from self.parse_stream(answer.events)
         elif self.json_answer_is_chunks:
@@ -147,7 +171,7 @@ class Provider:
             yield Event('thinking', text=reply.thinking)
         if reply.text:
             yield Event('text', text=reply.text)
-        yield reply
+        yield self.done(reply)
 
 
 class Chain:

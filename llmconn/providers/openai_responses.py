@@ -32,6 +32,7 @@ local window.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import replace
 from typing import Any, Iterable, Iterator
 
@@ -50,6 +51,8 @@ THINKING_SEPARATOR = '\n\n'
 # Events that end a stream with a response to parse; ``incomplete`` is a partial answer (max_output_tokens).
 _final_events = ('response.completed', 'response.incomplete')
 _text_deltas = ('response.output_text.delta', 'response.refusal.delta')
+# Summaries from OpenAI; the raw reasoning text from servers that show it (vLLM, LM Studio).
+_thinking_deltas = ('response.reasoning_summary_text.delta', 'response.reasoning_text.delta')
 
 
 
@@ -126,7 +129,7 @@ class OpenAIResponsesProvider(Provider):
                 text += [p.get('text') or p.get('refusal') or '' for p in item.get('content') or ()
                          if isinstance(p, dict)]
             elif item.get('type') == 'reasoning':
-                thinking += [s.get('text') or '' for s in item.get('summary') or () if isinstance(s, dict)]
+                thinking += _reasoning_texts(item)
         usage = body.get('usage') or {}
         replayable = self._replayable(output)
         steps = [_step(i) for i in output]
@@ -154,6 +157,7 @@ class OpenAIResponsesProvider(Provider):
         last_summary = None
         streamed: list[str] = []
         finished: list[dict] = []     # items completed by output_item.done, for a bare response.completed
+        thought: list[str] = []
         for sse in events:
             if is_done_marker(sse):
                 continue
@@ -162,11 +166,13 @@ class OpenAIResponsesProvider(Provider):
             if kind in _text_deltas and data.get('delta'):
                 streamed.append(data['delta'])
                 yield Event('text', text=data['delta'])
-            elif kind == 'response.reasoning_summary_text.delta' and data.get('delta'):
-                summary = (data.get('item_id'), data.get('summary_index'))
+            elif kind in _thinking_deltas and data.get('delta'):
+                summary = (data.get('item_id'), data.get('summary_index', data.get('content_index')))
                 if last_summary is not None and summary != last_summary:
+                    thought.append(THINKING_SEPARATOR)
                     yield Event('thinking', text=THINKING_SEPARATOR)
                 last_summary = summary
+                thought.append(data['delta'])
                 yield Event('thinking', text=data['delta'])
             elif kind == 'response.output_item.done' and isinstance(data.get('item'), dict):
                 finished.append(data['item'])
@@ -177,6 +183,8 @@ class OpenAIResponsesProvider(Provider):
                 reply = self.parse_response(response)
                 if not reply.text and streamed:
                     reply = dataclasses.replace(reply, text=''.join(streamed))
+                if not reply.thinking and thought:
+                    reply = dataclasses.replace(reply, thinking=''.join(thought))
                 yield self.done(reply)
                 return
             elif kind == 'response.failed':
@@ -217,7 +225,8 @@ class ResponsesChain(Chain):
         return super().request(base, items, last)
 
     def recover(self, error: LLMError, request: Request) -> Request | None:
-        if not request.chain.get('previous_response_id') or not forgot_previous(error):
+        previous = request.chain.get('previous_response_id', '')
+        if not previous or not forgot_previous(error, previous):
             return None
         # The local window is the truth; the provider's copy of the chain is gone, and with it the
         # stored items our turns' natives refer to, so everything goes back as plain items.
@@ -231,21 +240,33 @@ class ResponsesChain(Chain):
         return {'response_id': reply.response_id, 'chain': self.length}
 
 
-def forgot_previous(error: LLMError) -> bool:
-    """The provider no longer knows the response we continue from (expired, deleted, restarted)."""
+def forgot_previous(error: LLMError, previous_id: str = '') -> bool:
+    """The provider no longer knows the response we continue from (expired, deleted, restarted).
+
+    OpenAI says so with ``code: previous_response_not_found``; gateways rewrap
+    it (LiteLLM: HTTP 400, ``"code": "400"``, ``"param": null``, the original
+    message, sometimes the original JSON quoted inside it; LM Studio: "history
+    node with id ... not found"). So the whole error is read as text: the code
+    anywhere in it, or "not found" together with "previous response" or the id
+    we sent. Getting it wrong the other way costs more: a chat that resends a
+    dead id fails for good, while a needless re-seed only resends local history.
+    """
     body = error.provider_body
-    if not isinstance(body, dict):
+    text = ' '.join((str(error), body if isinstance(body, str) else _json_text(body)))
+    lower = text.lower()
+    if 'previous_response_not_found' in lower:
+        return True
+    if 'not found' not in lower:
         return False
-    # An HTTP error nests it under "error"; a stream's error event carries it at the top.
-    for detail in (body.get('error'), body):
-        if not isinstance(detail, dict):
-            continue
-        if detail.get('code') == 'previous_response_not_found':
-            return True
-        # Some servers answer with a generic code but name the parameter.
-        if detail.get('param') == 'previous_response_id' and 'not found' in str(detail.get('message', '')).lower():
-            return True
-    return False
+    return ('previous response' in lower or 'previous_response_id' in lower
+            or bool(previous_id) and previous_id in text)
+
+
+def _json_text(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
 
 
 def _turn_items(user: str, steps: list[dict]) -> list[dict]:
@@ -294,6 +315,15 @@ def _tool(tool) -> dict:
     if tool.description:
         definition['description'] = tool.description
     return definition
+
+def _reasoning_texts(item: dict) -> list[str]:
+    """A reasoning item's readable text: its summary, or else (vLLM, LM Studio, gpt-oss servers) its
+    ``content`` of ``reasoning_text`` parts, the raw reasoning OpenAI itself keeps to itself."""
+    summary = [s.get('text') or '' for s in item.get('summary') or () if isinstance(s, dict)]
+    if any(summary):
+        return summary
+    return [p.get('text') or '' for p in item.get('content') or ()
+            if isinstance(p, dict) and p.get('type', 'reasoning_text') == 'reasoning_text']
 
 
 def _message(role: str, text: str) -> dict[str, Any]:

@@ -20,33 +20,34 @@ import threading
 from collections import deque
 from typing import Any, Iterable, Iterator, Mapping
 
-from llmconn.errors import InvalidInput, UnknownConnection
+from llmconn.checks import check_chat_id, check_params, check_skill, check_text
+from llmconn.errors import UnknownConnection
+from llmconn.providers import PROVIDERS
 from llmconn.testing.fake_common import count_words, reply_text, text_chunks
 from llmconn.types import Event
 
 DEFAULT_MAX_HISTORY_TURNS = 20
-MAX_TEXT_CHARS = 1_000_000
-MAX_CHAT_ID_CHARS = 256
 
 
-def _check(text: Any, chat_id: Any, chat_id_required: bool = False) -> None:
-    """The argument checks a real connection makes before any network call."""
-    if text is not None and (not isinstance(text, str) or not text.strip()):
-        raise InvalidInput('text must be a non-empty str; send the user\'s message')
-    if text is not None and len(text) > MAX_TEXT_CHARS:
-        raise InvalidInput(f'text has {len(text)} characters, more than the limit of {MAX_TEXT_CHARS}')
-    if not isinstance(chat_id, str):
-        raise InvalidInput(f'chat_id must be a str, got {type(chat_id).__name__}; convert ids with str() first')
-    if len(chat_id) > MAX_CHAT_ID_CHARS or (chat_id_required and not chat_id):
-        raise InvalidInput(f'chat_id must have 1 to {MAX_CHAT_ID_CHARS} characters, got {len(chat_id)}')
+def _check(text: Any, chat_id: Any, chat_id_required: bool = False, skill: Any = '',
+           params: dict | None = None, reserved: frozenset[str] = frozenset()) -> None:
+    """The argument checks a real connection makes before any network call: the very same functions."""
+    if text is not None:
+        check_text(text)
+    check_chat_id(chat_id, chat_id_required)
+    if skill:
+        check_skill(skill)
+    check_params(params or {}, reserved)
 
 
 class FakeConnection:
     """A connection that answers from a queue; see the module docstring."""
 
     def __init__(self, replies: Iterable[Any] | None = None, name: str = 'fake',
-                 max_history_turns: int = DEFAULT_MAX_HISTORY_TURNS) -> None:
+                 max_history_turns: int = DEFAULT_MAX_HISTORY_TURNS, provider: str = 'claude') -> None:
         self.name = name
+        # Params the real mapping sets itself, refused as the real connection refuses them.
+        self.reserved_params = PROVIDERS[provider].reserved_params
         self.max_history_turns = max_history_turns
         self.replies: deque = deque(replies or ())
         self.calls: list[dict] = []
@@ -72,7 +73,7 @@ class FakeConnection:
 
     def stream(self, text: str, chat_id: str = '', skill: str = '', **params: Any) -> Iterator[Event]:
         """Checks and records now; deltas, then one ``done``, as the caller iterates."""
-        _check(text, chat_id)
+        _check(text, chat_id, skill=skill, params=params, reserved=self.reserved_params)
         reply = self._record_and_pop('stream', text, chat_id, skill, params)
         return self._stream(reply, text, chat_id, skill)
 
@@ -98,7 +99,7 @@ class FakeConnection:
     # Internals
 
     def _answer(self, method: str, text: str, chat_id: str, skill: str, params: dict) -> dict:
-        _check(text, chat_id)
+        _check(text, chat_id, skill=skill, params=params, reserved=self.reserved_params)
         reply = self._record_and_pop(method, text, chat_id, skill, params)
         result = self._result(reply, text, chat_id, skill)
         self._save(chat_id, text, result['text'])

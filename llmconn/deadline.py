@@ -1,0 +1,178 @@
+"""Deadlines that cut a provider call off however slowly the bytes trickle in.
+
+A socket read timeout bounds each ``recv``, not a call: a server sending one
+byte every 1.5 s never trips a 2 s read timeout and can hold a call (and its
+chat lock) for as long as it likes. A :class:`Deadline` bounds the call
+itself. While one is active (``with deadline.watching():`` around
+``Session.send``), every connection the pool hands out is recorded on it;
+when it expires, one shared watchdog shuts those sockets down, which wakes
+the blocked read at once (plain threads and gevent alike: ``shutdown`` is a
+kernel-level event both see), and :attr:`Deadline.fired` tells the caller
+that the broken read was the deadline, not the provider.
+
+Failure timeline this guards against: t=0 request sent; t=1.5, 3.0, ... one
+byte each; without a deadline the read never times out. With ``timeout: 2``
+the watchdog shuts the socket at t=2, the read returns EOF, the transport
+raises :class:`~llmconn.errors.LLMTimeout`, and the chat lock is released.
+
+The watchdog is one daemon thread (a greenlet once gevent has patched
+``threading``) sleeping until the earliest deadline; extending a deadline is
+an attribute write, so a stream re-arming it for each event costs no lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import heapq
+import itertools
+import os
+import socket
+import threading
+import time as mod_time
+
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+_current: contextvars.ContextVar['Deadline | None'] = contextvars.ContextVar('llmconn_deadline', default=None)
+REBUILD_AFTER = 1024     # cancelled entries tolerated in the heap before it is compacted
+
+
+class Deadline:
+    """A point in time after which the sockets of one call are shut down."""
+
+    __slots__ = ('when', 'key', 'done', 'fired', '_conns', '_lock')
+
+    def __init__(self, when: float) -> None:
+        self.when = when          # monotonic time of expiry; may move
+        self.key = when           # the earliest heap entry that represents this deadline
+        self.done = False
+        self.fired = False
+        self._conns: list = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def after(cls, seconds: float) -> 'Deadline':
+        deadline = cls(mod_time.monotonic() + seconds)
+        _watchdog().add(deadline)
+        return deadline
+
+    def remaining(self) -> float:
+        return self.when - mod_time.monotonic()
+
+    def move(self, when: float) -> None:
+        """Expire at ``when`` instead (later is free; earlier re-queues the deadline)."""
+        self.when = when
+        if when < self.key and not self.done:
+            _watchdog().add(self)
+
+    @contextlib.contextmanager
+    def watching(self):
+        """Record on this deadline every pooled connection handed out inside the block."""
+        token = _current.set(self)
+        try:
+            yield self
+        finally:
+            _current.reset(token)
+
+    def adopt(self, conn) -> None:
+        with self._lock:
+            if not self.done:
+                self._conns.append(conn)
+
+    def cancel(self) -> None:
+        """Stop watching: after this returns, no socket of this call is shut down."""
+        with self._lock:
+            self.done = True
+            self._conns.clear()
+
+    def expire(self) -> None:
+        with self._lock:
+            if self.done:
+                return
+            self.done = self.fired = True
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            sock = getattr(conn, 'sock', None)
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Watchdog:
+    """Sleeps until the earliest deadline, expires it, and goes back to sleep."""
+
+    def __init__(self) -> None:
+        self._heap: list = []
+        self._order = itertools.count()
+        self._wake = threading.Condition()
+        self.pid = os.getpid()
+        threading.Thread(target=self._run, name='llmconn-deadlines', daemon=True).start()
+
+    def add(self, deadline: Deadline) -> None:
+        with self._wake:
+            deadline.key = deadline.when
+            earliest = not self._heap or deadline.when < self._heap[0][0]
+            heapq.heappush(self._heap, (deadline.when, next(self._order), deadline))
+            if len(self._heap) > REBUILD_AFTER and len(self._heap) % REBUILD_AFTER == 0:
+                self._heap = [e for e in self._heap if not e[2].done]
+                heapq.heapify(self._heap)
+            if earliest:
+                self._wake.notify()
+
+    def _run(self) -> None:
+        with self._wake:
+            while True:
+                if not self._heap:
+                    self._wake.wait()
+                    continue
+                key, _, deadline = self._heap[0]
+                now = mod_time.monotonic()
+                if key > now:
+                    self._wake.wait(key - now)
+                    continue
+                heapq.heappop(self._heap)
+                if deadline.done or deadline.key != key:
+                    continue            # cancelled, or a stale entry of a deadline queued again earlier
+                if deadline.when > now:
+                    deadline.key = deadline.when
+                    heapq.heappush(self._heap, (deadline.when, next(self._order), deadline))
+                    continue
+                deadline.expire()
+
+
+_dog: _Watchdog | None = None
+_dog_lock = threading.Lock()
+
+
+def _watchdog() -> _Watchdog:
+    """The process's watchdog, started on first use (and again in a forked child)."""
+    global _dog
+    dog = _dog
+    if dog is None or dog.pid != os.getpid():
+        with _dog_lock:
+            if _dog is None or _dog.pid != os.getpid():
+                _dog = _Watchdog()
+            dog = _dog
+    return dog
+
+
+class _Watched:
+    """Pool mixin: a connection handed out while a deadline is active is recorded on it."""
+
+    def _get_conn(self, timeout=None):
+        conn = super()._get_conn(timeout)
+        deadline = _current.get()
+        if deadline is not None:
+            deadline.adopt(conn)
+        return conn
+
+
+class WatchedHTTPPool(_Watched, HTTPConnectionPool):
+    pass
+
+
+class WatchedHTTPSPool(_Watched, HTTPSConnectionPool):
+    pass
+
+
+WATCHED_POOLS = {'http': WatchedHTTPPool, 'https': WatchedHTTPSPool}

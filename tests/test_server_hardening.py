@@ -1,0 +1,329 @@
+"""``llmconn serve`` against hostile services and clients: real server subprocesses (SPEC §14).
+
+A service raising SystemExit, setting headers HTTP cannot carry; clients
+that hold connections idle, send truncated or ambiguous bodies, deeply
+nested JSON; the store's Redis stopped and started under /ready; the
+process serving without having re-executed itself.
+"""
+
+import json
+import os
+import signal
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+
+from llmconn.demo import start_server, stop
+from llmconn.testing.fake_server import FakeProviderServer
+from test_server import free_port, make_services, write_config
+
+HOSTILE = '''
+import gevent.monkey
+import sys
+
+from llmconn.service import Service
+
+
+class Exit(Service):
+    name = 'hostile.exit'
+
+    def handle(self):
+        sys.exit(3)
+
+
+class Interrupt(Service):
+    name = 'hostile.interrupt'
+
+    def handle(self):
+        raise KeyboardInterrupt
+
+
+class Header(Service):
+    name = 'hostile.header'
+
+    def handle(self):
+        kind = self.request.payload['kind']
+        if kind == 'crlf':
+            self.response.headers['X-Evil'] = 'a\\r\\nSet-Cookie: stolen=1'
+        elif kind == 'nul':
+            self.response.headers['X-Evil'] = 'a\\x00b'
+        elif kind == 'name':
+            self.response.headers['Bad Name'] = 'x'
+        elif kind == 'hop':
+            self.response.headers['Transfer-Encoding'] = 'chunked'
+        else:
+            self.response.status_code = self.request.payload['status']
+        self.response.payload = {'ok': True}
+
+
+class Patched(Service):
+    name = 'hostile.patched'
+
+    def handle(self):
+        self.response.payload = {'socket': gevent.monkey.is_module_patched('socket'),
+                                 'ssl': gevent.monkey.is_module_patched('ssl')}
+
+
+class Busy(Service):
+    name = 'hostile.busy'
+
+    def handle(self):
+        from llmconn.errors import ChatBusy, StoreError
+        if self.request.payload['kind'] == 'busy':
+            raise ChatBusy('Chat x is busy: another call held it. Try again later, or raise lock_wait')
+        raise StoreError('The chat store redis://127.0.0.1:6390/0 does not answer: Connection refused')
+'''
+
+
+class Server:
+    """One ``llmconn serve`` subprocess with the hostile services; its stderr is kept in a file."""
+
+    def __init__(self, tmp: Path, provider_url: str, extra=(), redis_url='memory://'):
+        self.port = free_port()
+        self.url = f'http://127.0.0.1:{self.port}'
+        self.log = tmp / 'server.log'
+        services = make_services(tmp / 'services')
+        (services / 'hostile.py').write_text(HOSTILE)
+        config = write_config(tmp / 'llm.yaml', provider_url, redis_url=redis_url)
+        self._log_file = open(self.log, 'w')
+        self.proc = start_server(config, services, self.port, extra=list(extra), stderr=self._log_file)
+
+    def post(self, service, payload=None, **kw):
+        return requests.post(f'{self.url}/{service}', json=payload, timeout=10, **kw)
+
+    def get(self, path):
+        return requests.get(f'{self.url}/{path}', timeout=10)
+
+    def log_text(self):
+        self._log_file.flush()
+        return self.log.read_text()
+
+    def close(self):
+        stop(self.proc)
+        self._log_file.close()
+
+
+@pytest.fixture(scope='module')
+def fake():
+    with FakeProviderServer() as server:
+        yield server
+
+
+@pytest.fixture
+def server(tmp_path, fake):
+    s = Server(tmp_path, fake.url, extra=['--grace', '20'])
+    yield s
+    s.close()
+
+
+def raw_request(port, data: bytes, timeout=10.0) -> bytes:
+    """Send ``data`` as is, half-close, and read the whole answer."""
+    with socket.create_connection(('127.0.0.1', port), timeout=timeout) as sock:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return b''.join(chunks)
+            chunks.append(chunk)
+
+
+def assert_prompt_sigterm(server):
+    """No request is counted as in flight: SIGTERM exits at once, not after the 20 s grace."""
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(15) == 0
+    assert time.monotonic() - started < 10
+
+
+# -- item 1: anything a service raises is a 500 for that request ------------------------------------
+
+@pytest.mark.parametrize('service', ['hostile.exit', 'hostile.interrupt'])
+def test_system_exit_or_keyboard_interrupt_in_handle_is_a_500_and_the_server_keeps_serving(server, service):
+    for _ in range(3):
+        response = server.post(service)
+        assert response.status_code == 500
+        assert set(response.json()) == {'error', 'cid'}
+    assert server.proc.poll() is None
+    assert server.post('test.echo', {'a': 1}).status_code == 200
+    cid = response.headers['X-Cid']
+    assert f'cid={cid}' in server.log_text()
+
+
+# -- item 3: statuses and headers a service sets are validated ----------------------------------
+
+@pytest.mark.parametrize('payload', [{'kind': 'crlf'}, {'kind': 'nul'}, {'kind': 'name'}, {'kind': 'hop'},
+                                     {'kind': 'status', 'status': 0}, {'kind': 'status', 'status': 99999},
+                                     {'kind': 'status', 'status': 101}, {'kind': 'status', 'status': '200'}])
+def test_invalid_status_or_header_from_a_service_is_a_500_and_does_not_leak_the_in_flight_count(server, payload):
+    response = server.post('hostile.header', payload)
+    assert response.status_code == 500, response.text
+    assert 'X-Evil' not in response.headers and 'stolen' not in response.headers.get('Set-Cookie', '')
+    assert response.json()['cid'] == response.headers['X-Cid']
+    assert 'service hostile.header set' in server.log_text()
+    assert_prompt_sigterm(server)
+
+
+# -- item 4: malformed request bodies are 400, without a traceback -------------------------------
+
+def test_deeply_nested_json_is_400_not_500(server):
+    response = requests.post(f'{server.url}/test.echo', data=b'[' * 100_000 + b']' * 100_000, timeout=10)
+    assert response.status_code == 400 and 'nested' in response.json()['error']
+
+
+@pytest.mark.parametrize('head', [
+    b'POST /test.echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"a": 1',          # truncated
+    b'POST /test.echo HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\nContent-Length: 8\r\n\r\n{"a": 1}',
+    b'POST /test.echo HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\nContent-Length: 3\r\n\r\n{"a": 1}',
+    b'POST /test.echo HTTP/1.1\r\nHost: x\r\nContent-Length: 8, 8\r\n\r\n{"a": 1}',
+    b'POST /test.echo HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\nTransfer-Encoding: chunked\r\n\r\n'
+    b'8\r\n{"a": 1}\r\n0\r\n\r\n',
+])
+def test_truncated_body_or_ambiguous_length_is_400_without_a_traceback(server, head):
+    answer = raw_request(server.port, head)
+    assert answer.startswith(b'HTTP/1.1 400'), answer[:200]
+    assert server.post('test.echo', {'a': 1}).status_code == 200
+    assert 'Traceback' not in server.log_text()
+
+
+# -- item 24: 429 and 503 bodies are short; the advice and the address go to the log --------------
+
+def test_busy_and_store_errors_tell_the_client_little_and_the_log_everything(server):
+    busy = server.post('hostile.busy', {'kind': 'busy'})
+    down = server.post('hostile.busy', {'kind': 'store'})
+    assert busy.status_code == 429 and down.status_code == 503
+    for response in (busy, down):
+        assert set(response.json()) == {'error', 'cid'}
+        assert 'lock_wait' not in response.text and '6390' not in response.text and '127.0.0.1' not in response.text
+    log = server.log_text()
+    assert f'cid={busy.headers["X-Cid"]}' in log and 'raise lock_wait' in log
+    assert f'cid={down.headers["X-Cid"]}' in log and '6390' in log
+
+
+# -- item 28: the server patches gevent in its own process ---------------------------------------
+
+def test_serve_patches_gevent_without_re_executing_itself(server):
+    assert server.post('hostile.patched').json() == {'socket': True, 'ssl': True}
+    cmdline = Path(f'/proc/{server.proc.pid}/cmdline').read_bytes().split(b'\0')
+    assert b'-m' in cmdline and b'llmconn' in cmdline and b'serve' in cmdline, cmdline
+
+
+# -- item 2: idle and slow clients cannot hold connections ----------------------------------------
+
+def server_fds(pid):
+    return len(os.listdir(f'/proc/{pid}/fd'))
+
+
+def wait_for(check, deadline=15.0, poll=0.05):
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(poll)
+    return False
+
+
+@pytest.fixture
+def short_idle(tmp_path, fake):
+    s = Server(tmp_path, fake.url, extra=['--idle-timeout', '1'])
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize('first_bytes', [b'', b'GET /health HTTP/1.1\r\nHost: x\r\n'])
+def test_idle_or_half_sent_connection_is_closed_after_the_idle_timeout(short_idle, first_bytes):
+    with socket.create_connection(('127.0.0.1', short_idle.port)) as sock:
+        sock.sendall(first_bytes)
+        sock.settimeout(15)         # the server must close it long before this
+        assert sock.recv(1024) == b''
+
+
+def test_client_trickling_its_request_head_is_cut_off(short_idle):
+    with socket.create_connection(('127.0.0.1', short_idle.port)) as sock:
+        sock.settimeout(0.2)
+        head = b'GET /health HTTP/1.1\r\n' + b''.join(b'X-Pad-%d: y\r\n' % i for i in range(200))
+        closed = False
+        for byte in head:           # one byte every 0.2 s: each read is quick, the whole head is not
+            try:
+                sock.sendall(bytes([byte]))
+                if sock.recv(1024) == b'':
+                    closed = True
+                    break
+            except socket.timeout:
+                continue
+            except OSError:
+                closed = True
+                break
+        assert closed
+
+
+def test_many_idle_connections_neither_exhaust_the_limit_nor_starve_health(tmp_path, fake):
+    s = Server(tmp_path, fake.url, extra=['--max-connections', '20'])
+    idle = []
+    try:
+        baseline = server_fds(s.proc.pid)
+        idle = [socket.create_connection(('127.0.0.1', s.port)) for _ in range(60)]
+        response = requests.get(f'{s.url}/health', timeout=10, headers={'Connection': 'close'})
+        assert response.status_code == 200
+        # The server holds at most its limit: the longest-idle connections were closed to make room.
+        assert wait_for(lambda: server_fds(s.proc.pid) <= baseline + 20), server_fds(s.proc.pid) - baseline
+    finally:
+        for sock in idle:
+            sock.close()
+        s.close()
+
+
+# -- item 5: /ready follows the store ------------------------------------------------------------
+
+def test_ready_flips_when_the_stores_redis_stops_and_starts(tmp_path, fake, redis_server):
+    s = Server(tmp_path, fake.url, redis_url=redis_server.url)
+    try:
+        assert s.get('ready').status_code == 200
+        redis_server.stop()
+        assert wait_for(lambda: s.get('ready').status_code == 503)
+        ready = s.get('ready')
+        assert ready.json() == {'status': 'not-ready', 'reason': 'the chat store does not answer'}
+        assert s.get('health').json() == {'status': 'ok'}       # alive: restarting would not help
+        redis_server.start()
+        assert wait_for(lambda: s.get('ready').status_code == 200)
+    finally:
+        s.close()
+
+
+def test_health_and_ready_report_a_config_that_failed_to_reload(tmp_path, fake):
+    s = Server(tmp_path, fake.url)
+    try:
+        assert s.get('health').json() == {'status': 'ok'}
+        config = tmp_path / 'llm.yaml'
+        config.write_text(config.read_text() + '\n  - name: broken\n    provider: nope\n')
+        assert wait_for(lambda: s.get('health').json()['status'] == 'config-error')
+        ready = s.get('ready')
+        assert ready.status_code == 503 and 'configuration' in ready.json()['reason']
+        assert s.post('test.echo', {'a': 1}).status_code == 200     # the previous config keeps serving
+    finally:
+        s.close()
+
+
+def test_idle_connections_beyond_a_low_descriptor_limit_do_not_starve_health(tmp_path, fake):
+    import resource
+
+    def low_fd_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    port = free_port()
+    services = make_services(tmp_path / 'services')
+    config = write_config(tmp_path / 'llm.yaml', fake.url)
+    proc = start_server(config, services, port, preexec_fn=low_fd_limit, stderr=open(tmp_path / 'log', 'w'))
+    idle = []
+    try:
+        idle = [socket.create_connection(('127.0.0.1', port)) for _ in range(300)]
+        assert requests.get(f'http://127.0.0.1:{port}/health', timeout=10).status_code == 200
+    finally:
+        for sock in idle:
+            sock.close()
+        stop(proc)
