@@ -16,9 +16,11 @@ never an error of the call (:func:`run`).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import re
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -47,10 +49,29 @@ class Tool:
 
     @classmethod
     def from_callable(cls, function: Callable) -> 'Tool':
-        """A tool from a Python callable: its name, its docstring, its type hints as the schema."""
+        """A tool from a Python callable: its name, its docstring, its type hints as the schema.
+
+        Deriving the schema takes pydantic a while, so each function's tool is made once.
+        """
+        try:
+            return _from_callable[function]
+        except (KeyError, TypeError):
+            pass
+        tool = cls._derive(function)
+        try:
+            _from_callable[function] = tool
+        except TypeError:
+            pass        # not weakly referable (a builtin): derived on every call
+        return tool
+
+    @classmethod
+    def _derive(cls, function: Callable) -> 'Tool':
         name = getattr(function, '__name__', '') or type(function).__name__
         doc = inspect.getdoc(function) or ''
         return cls(name=name, description=doc.strip(), parameters=schema_of(function), function=function)
+
+
+_from_callable: 'weakref.WeakKeyDictionary[Callable, Tool]' = weakref.WeakKeyDictionary()
 
 
 def schema_of(function: Callable) -> dict:
@@ -121,9 +142,20 @@ def check_schema(name: str, schema: Any) -> None:
     if not isinstance(schema, dict) or schema.get('type') != 'object':
         raise InvalidInput(f'tool "{name}": parameters must be a JSON Schema object with "type": "object"')
     try:
-        size = len(json.dumps(schema).encode('utf-8'))
+        text = json.dumps(schema, sort_keys=True)
+    except RecursionError:
+        raise InvalidInput(f'tool "{name}": parameters nests deeper than the limit of {MAX_SCHEMA_DEPTH} '
+                           f'levels; flatten the schema') from None
     except (TypeError, ValueError) as e:
         raise InvalidInput(f'tool "{name}": parameters is not JSON ({e})') from None
+    _check_schema_text(name, text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_schema_text(name: str, text: str) -> None:
+    """The checks of one serialized schema; a schema that passed is not checked again."""
+    schema = json.loads(text)
+    size = len(text.encode('utf-8'))
     if size > MAX_SCHEMA_BYTES:
         raise InvalidInput(f'tool "{name}": parameters is {size} bytes serialized, more than the limit of '
                            f'{MAX_SCHEMA_BYTES}; simplify the schema')
@@ -174,9 +206,14 @@ def validation_errors(tool: Tool, arguments: Any) -> str:
     """'' when ``arguments`` validate against the tool's schema, else what is wrong."""
     if not isinstance(arguments, dict):
         return f'arguments must be a JSON object, got {_short(arguments)}'
-    validator = jsonschema.Draft202012Validator(tool.parameters)
+    validator = _validator(json.dumps(tool.parameters, sort_keys=True))
     problems = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
     return '; '.join(f'{"/".join(map(str, e.path)) or "(root)"}: {e.message}' for e in problems[:5])
+
+
+@functools.lru_cache(maxsize=1024)
+def _validator(text: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json.loads(text))
 
 
 def _as_output(result: Any) -> str:

@@ -36,6 +36,8 @@ REFUSED = {
     'invalid schema': [Tool('t', '', {'type': 'object', 'properties': {'a': {'type': 'no-such-type'}}})],
     'too big': [Tool('t', '', schema(**{f'p{i}': {'type': 'string', 'description': 'x' * 100} for i in range(700)}))],
     'too deep': [Tool('t', '', nested(9))],
+    'far too deep': [Tool('t', '', nested(5000))],
+    'not JSON': [Tool('t', '', {'type': 'object', 'default': object()})],
     'not callable': [Tool('t', '', schema(), function='nope')],
     'a string': ['get_order'],
     'unlisted hosted tool': [{'type': 'code_interpreter'}],

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 from llmconn import items as mod_items
 from llmconn.errors import InvalidInput, LLMError
 from llmconn.sse import SSE, EventStream, JSONBody
-from llmconn.text import Joiner, clean, clean_value
+from llmconn.text import Joiner, clean, clean_value, has_surrogate
 from llmconn.types import Event, Reply, Request, Turn
 
 if TYPE_CHECKING:
@@ -126,6 +126,8 @@ class Provider:
     def done(reply: Reply) -> Reply:
         """The whole reply, as a parse ends with it; its text is valid Unicode whatever the provider
         sent (see :mod:`llmconn.text`)."""
+        if not _has_surrogate(reply):
+            return reply        # the common case, found at C speed: nothing to walk and copy
         return dataclasses.replace(reply, text=clean(reply.text), thinking=clean(reply.thinking),
                                    items=clean_value(reply.items), raw=clean_value(reply.raw),
                                    steps=clean_value(reply.steps))
@@ -194,6 +196,15 @@ class Chain:
 
     def state(self, reply: Reply) -> dict:
         return {}
+
+
+def _has_surrogate(reply: Reply) -> bool:
+    if has_surrogate(reply.text) or has_surrogate(reply.thinking):
+        return True
+    try:
+        return has_surrogate(json.dumps([reply.raw, reply.items, reply.steps], ensure_ascii=False, default=str))
+    except (TypeError, ValueError, RecursionError):
+        return True         # cannot tell cheaply: walk it
 
 
 def said(turn: Turn) -> str:
