@@ -1,8 +1,9 @@
 """``make bench``: the performance figures of SPEC §7, measured side by side in one run.
 
 Everything runs in one gevent-patched process (as ``llmconn serve`` does)
-against a real Redis (``REDIS_URL``, default 127.0.0.1:6379) and the fake
-provider in a subprocess. Each figure is printed next to its target and next
+against Redis servers this script starts on free loopback ports (one node, a
+Cluster of 3 masters + 3 replicas, a Sentinel group with one replica; never
+the machine's 6379) and the fake provider in a subprocess. Each figure is printed next to its target and next
 to the same figure for a Zato-style baseline (redis-py Lock + GET/SET of one
 JSON blob, see ``zato_baseline.py``). Ratios, not absolute times, are the
 targets, because absolute times depend on the machine.
@@ -21,7 +22,9 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+import tempfile  # noqa: E402
 import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import gevent  # noqa: E402
 import redis  # noqa: E402
@@ -29,11 +32,14 @@ import requests  # noqa: E402
 from requests.adapters import HTTPAdapter  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
+# The throwaway deployments the tests use (tests/redis_topology.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tests'))
 
+from redis_topology import Cluster, SentinelGroup, Servers, free_ports  # noqa: E402
 from zato_baseline import ZatoStyleChat  # noqa: E402
 
 from llmconn import Registry  # noqa: E402
-from llmconn.store.keys import chat_keys, encode  # noqa: E402
+from llmconn.store.keys import chat_keys  # noqa: E402
 from llmconn.testing.fake_server import FakeProviderServer  # noqa: E402
 from llmconn.types import Request, Turn  # noqa: E402
 
@@ -106,40 +112,139 @@ def main() -> int:
     parser.add_argument('--quick', action='store_true', help='fewer iterations, for a smoke run')
     args = parser.parse_args()
     scale = 0.2 if args.quick else 1.0
-    redis_url = os.environ.get('REDIS_URL', 'redis://127.0.0.1:6379/0')
+    with tempfile.TemporaryDirectory(prefix='llmconn-bench-') as tmp:
+        single = Servers(Path(tmp))
+        cluster = Cluster(Path(tmp) / 'cluster')
+        group = SentinelGroup(Path(tmp) / 'sentinel')
+        (Path(tmp) / 'cluster').mkdir()
+        (Path(tmp) / 'sentinel').mkdir()
+        try:
+            port, = free_ports(1)
+            single.start(port)
+            cluster.start()
+            group.start()
+            urls = {'one node': f'redis://127.0.0.1:{port}/0', 'cluster': cluster.url, 'sentinel': group.url}
+            rows = run(urls, scale)
+        finally:
+            for deployment in (group, cluster, single):
+                deployment.stop()
+    print_table(rows, ', '.join(f'{k} {v}' for k, v in urls.items()))
+    return 0
+
+
+def run(urls: dict, scale: float) -> list:
     name = f'bench-{uuid.uuid4().hex[:8]}'
     rows = []
-
     with FakeProviderServer.spawn() as provider:
         base = {'provider': 'openai', 'model': 'bench-model', 'address': provider.url + '/v1',
                 'pool_size': 600, 'max_stored_turns': 20000, 'max_retries': 0, 'lock_wait': 60}
         # Three connections that differ only in their window, so that a comparison can keep the
         # request the provider receives the same size on both sides.
         names = {window: f'{name}-w{window}' for window in (1, 10, 20)}
-        registry = Registry.from_dict({'redis': {'url': redis_url}, 'llm': [
+        registries = {kind: Registry.from_dict({'redis': {'url': url}, 'llm': [
             dict(base, name=n, max_history_turns=window) for window, n in names.items()]})
-        conns = {window: registry[n] for window, n in names.items()}
-        client = redis.Redis.from_url(redis_url)
+            for kind, url in urls.items()}
+        durable = Registry.from_dict({'redis': {'url': urls['sentinel'], 'replicas': 1},
+                                      'llm': [dict(base, name=names[1], max_history_turns=1)]})
+        conns = {window: registries['one node'][n] for window, n in names.items()}
+        client = redis.Redis.from_url(urls['one node'])
         zato = ZatoStyleChat(conns[20], client)
         try:
-            rows += bench_overhead(conns, zato, client, scale)
+            rows += bench_overhead(conns, zato, client.ping, scale)
+            for kind in ('cluster', 'sentinel'):
+                rows += bench_deployment(kind, registries[kind][names[1]], conns[1], scale)
+            rows += bench_replicas(registries['sentinel'][names[1]], durable[names[1]], scale)
             rows += bench_round_trips(conns[20], zato)
             rows += bench_long_history(conns[10], conns[20], zato, client, scale)
             rows += bench_handoff(conns[20], zato, provider)
             rows += bench_many_chats(conns[20], provider, scale)
+            rows += bench_many_chats_cluster(conns[20], registries['cluster'][names[20]], scale)
             rows += bench_tool_turn(conns[1], client, provider, scale)
         finally:
-            for n in names.values():
-                for key in client.scan_iter(match=f'llmconn:{{{encode(n)}:*', count=1000):
-                    client.delete(key)
-            for key in client.scan_iter(match=f'zato-style:{name}*', count=1000):
-                client.delete(key)
-            registry.close()
-    print_table(rows, redis_url)
-    return 0
+            for registry in (*registries.values(), durable):
+                registry.close()
+    return rows
 
 
-def bench_overhead(conns, zato, client, scale) -> list:
+def chat_pings(conn, chat_id: str):
+    """Two PINGs through the store's own client, to the node that holds ``chat_id``."""
+    client = conn.store._runner.client
+    if hasattr(client, 'get_node_from_key'):             # RedisCluster: the chat's slot's master
+        node = client.get_node_from_key(chat_keys(conn.name, chat_id).lock)
+        return lambda: client.ping(target_nodes=node)
+    return client.ping
+
+
+def bench_deployment(kind: str, conn, invoker, scale) -> list:
+    """chat() − invoke() on a deployment, against two PINGs in chat's places on the same client."""
+    n, rounds = int(400 * scale) or 20, 9
+    ping = chat_pings(conn, 'overhead')
+    for i in range(30):
+        conn.chat(f'warm {i}', chat_id='overhead')
+        ping()
+
+    def pings_around_invoke(i):
+        ping()
+        invoker.invoke(f'message {i}')
+        ping()
+
+    times = interleaved({
+        'invoke': lambda i: invoker.invoke(f'message {i}'),
+        'pings_around': pings_around_invoke,
+        'chat': lambda i: conn.chat(f'message {i}', chat_id='overhead'),
+    }, n, rounds)
+    in_place, cost = times['pings_around'] - times['invoke'], times['chat'] - times['invoke']
+    return [(f'{kind}: chat() − invoke() vs two PINGs in place', f'{cost * 1e6:.0f} µs = {cost / in_place:.2f} ×',
+             f'PINGs {in_place * 1e6:.0f} µs', '≤ 1.5 ×', cost / in_place <= 1.5)]
+
+
+def bench_replicas(plain, durable, scale) -> list:
+    """What replicas: 1 adds to a chat call, against one replica acknowledgement measured alone."""
+    n, rounds = int(300 * scale) or 20, 9
+    master = plain.store._runner.client
+    for i in range(30):
+        plain.chat(f'warm {i}', chat_id='replicas')
+        durable.chat(f'warm {i}', chat_id='replicas-durable')
+
+    def write_and_wait(i):
+        pipe = master.pipeline(transaction=False)
+        pipe.set('bench-ack', i)
+        pipe.execute_command('WAIT', 1, 1000)
+        pipe.execute()
+
+    times = interleaved({
+        'plain': lambda i: plain.chat(f'm {i}', chat_id='replicas'),
+        'durable': lambda i: durable.chat(f'm {i}', chat_id='replicas-durable'),
+        'write': lambda i: master.set('bench-ack', i),
+        'write_wait': write_and_wait,
+    }, n, rounds)
+    extra, ack = times['durable'] - times['plain'], times['write_wait'] - times['write']
+    return [('replicas: 1, extra cost of a chat call vs one WAIT alone',
+             f'{extra * 1e6:.0f} µs = {extra / ack:.2f} ×', f'WAIT {ack * 1e6:.0f} µs', '≤ 1.1 ×',
+             extra / ack <= 1.1)]
+
+
+def bench_many_chats_cluster(single, clustered, scale) -> list:
+    concurrency, total = 500, int(5000 * scale) or 500
+
+    def worker(conn):
+        def chat(w):
+            for i in range(total // concurrency):
+                conn.chat(f'many {i}', chat_id=f'many-{w}')
+        return chat
+
+    together(concurrency, worker(clustered))       # warm both
+    together(concurrency, worker(single))
+    rates = {}
+    for _ in range(2):                              # alternate, keep the best of each
+        for label, conn in (('single', single), ('cluster', clustered)):
+            rates[label] = max(rates.get(label, 0), total / together(concurrency, worker(conn)))
+    ratio = rates['cluster'] / rates['single']
+    return [('500 concurrent chats, cluster vs one node', f'{rates["cluster"]:.0f}/s = {ratio:.2f} ×',
+             f'one node {rates["single"]:.0f}/s', '≥ 0.9 ×', ratio >= 0.9)]
+
+
+def bench_overhead(conns, zato, ping, scale) -> list:
     n, rounds = int(400 * scale) or 20, 9
     one, full = conns[1], conns[20]
     for i in range(30):                     # warm up pools, scripts, a full window
@@ -151,12 +256,12 @@ def bench_overhead(conns, zato, client, scale) -> list:
 
     def pings_around_invoke(i):
         # Two PINGs where chat() makes its round trips: one before the provider call, one after.
-        client.ping()
+        ping()
         one.invoke(f'message {i}')
-        client.ping()
+        ping()
 
     times = interleaved({
-        'pings': lambda i: (client.ping(), client.ping()),
+        'pings': lambda i: (ping(), ping()),
         'invoke': lambda i: one.invoke(f'message {i}'),
         'pings_around': pings_around_invoke,
         'chat1': lambda i: one.chat(f'message {i}', chat_id='overhead'),
@@ -301,7 +406,7 @@ def bench_tool_turn(conn, client, provider, scale) -> list:
 
 
 def print_table(rows, redis_url) -> None:
-    print(f'\nllmconn benchmark — Redis {redis_url}, fake provider on loopback, gevent-patched, '
+    print(f'\nllmconn benchmark — Redis: {redis_url}; fake provider on loopback, gevent-patched, '
           f'{time.strftime("%Y-%m-%d")}\n')
     widths = [max(len(str(r[i])) for r in rows + [('figure', 'llmconn', 'Zato-style baseline', 'target')])
               for i in range(4)]

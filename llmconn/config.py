@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from llmconn.errors import ConfigError
 from llmconn.redact import mask_url
@@ -39,6 +40,11 @@ MIN_LOCK_TTL = 0.1
 DEFAULT_MAX_STORED_TURNS = 1000
 DEFAULT_STREAM_TIMEOUT = 600.0  # the longest a whole stream may take (``timeout`` bounds each wait in it)
 DEFAULT_REDIS_URL = 'memory://'
+DEFAULT_REPLICA_TIMEOUT = 1.0   # seconds a save waits for redis.replicas acknowledgements
+
+# Keys only provider: template reads; elsewhere they are refused rather than ignored.
+TEMPLATE_KEYS = ('request_template', 'response_template', 'request_template_file', 'response_template_file',
+                 'headers', 'method')
 
 _env_pattern = re.compile(r'\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}')
 _zato_env_pattern = re.compile(r'^Zato_Enmasse_Env\.([A-Za-z_][A-Za-z0-9_]*)$')
@@ -92,6 +98,14 @@ class ConnectionConfig(_Frozen):
     # as the provider's own definitions.
     max_tool_rounds: int = Field(DEFAULT_MAX_TOOL_ROUNDS, ge=1, le=100)
     hosted_tools: list[dict[str, Any]] = Field(default_factory=list)
+    # provider: template (SPEC §12). A *_file is read at load, relative to the configuration
+    # file, into the inline key; the path stays so errors can name it.
+    request_template: str = ''
+    response_template: str = ''
+    request_template_file: str = ''
+    response_template_file: str = ''
+    headers: dict[str, str] = Field(default_factory=dict)
+    method: Literal['POST', 'PUT', 'PATCH'] = 'POST'
 
     @model_validator(mode='before')
     @classmethod
@@ -108,10 +122,12 @@ class ConnectionConfig(_Frozen):
 
     @model_validator(mode='before')
     @classmethod
-    def _infer(cls, data: Any) -> Any:
+    def _infer(cls, data: Any, info: ValidationInfo) -> Any:
         """``provider`` from the model name and ``address`` from the provider, when not given.
 
         Done in the model, so a ConnectionConfig built by hand is as complete as a loaded one.
+        Files the provider's settings name are read here too, relative to ``base_dir`` in the
+        validation context (the configuration file's directory).
         """
         from llmconn.providers import PROVIDERS  # the provider registry imports this module's types
 
@@ -124,7 +140,8 @@ class ConnectionConfig(_Frozen):
                              f'valid providers are {", ".join(sorted(PROVIDERS))}')
         data['provider'] = provider
         data['address'] = data.get('address') or PROVIDERS[provider].default_address
-        return data
+        base_dir = Path((info.context or {}).get('base_dir', '.'))
+        return PROVIDERS[provider].read_files(data, base_dir)
 
     @field_validator('lock_ttl')
     @classmethod
@@ -156,6 +173,9 @@ class ConnectionConfig(_Frozen):
     def _consistent(self) -> 'ConnectionConfig':
         from llmconn.providers import PROVIDERS
 
+        given = [key for key in TEMPLATE_KEYS if key in self.model_fields_set]
+        if self.provider != 'template' and given:
+            raise ValueError(f'field "{given[0]}": only provider template reads it; remove it or set provider: template')
         PROVIDERS[self.provider].check_config(self)
         if self.max_stored_turns < self.max_history_turns:
             raise ValueError('max_stored_turns must be at least max_history_turns')
@@ -175,7 +195,27 @@ class ConnectionConfig(_Frozen):
 
 
 class RedisConfig(_Frozen):
+    """Where chat history lives (see :mod:`llmconn.store.urls` for the URL forms) and how durable a save is."""
+
     url: str = Field(DEFAULT_REDIS_URL, repr=False)
+    # A chat call returns only once its turn reached this many replicas (WAIT, same round trip as the save).
+    replicas: int = Field(0, ge=0, le=16)
+    # How long the save waits for those replicas before it raises StoreError.
+    replica_timeout: float = Field(DEFAULT_REPLICA_TIMEOUT, gt=0, le=60)
+
+    @field_validator('url')
+    @classmethod
+    def _url(cls, value: str) -> str:
+        # The same reading as open_store's, so `llmconn check` refuses what loading refuses.
+        from llmconn.store.urls import parse_redis_url
+        parse_redis_url(value)
+        return value
+
+    @model_validator(mode='after')
+    def _replicas_need_redis(self) -> 'RedisConfig':
+        if self.replicas and self.url.lower().startswith('memory:'):
+            raise ValueError('replicas needs a Redis server with replicas; memory:// has none')
+        return self
 
     def __repr_args__(self):
         # The URL may carry the Redis password: show it masked, as SecretStr does for secrets.
@@ -202,6 +242,12 @@ class Config(_Frozen):
     @property
     def skills_path(self) -> Path:
         return (self.base_dir / self.skills_dir).resolve()
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """The files this configuration read besides itself (template files), for a watcher."""
+        return tuple((self.base_dir / name).resolve() for conn in self.llm
+                     for name in (conn.request_template_file, conn.response_template_file) if name)
 
 
 def expand_env(value: Any, where: str, environ: Mapping[str, str]) -> Any:
@@ -297,7 +343,7 @@ def load_dict(data: Any, base_dir: str | os.PathLike = '.', source: str = '<dict
     conns = []
     seen: set[str] = set()
     for index, raw in enumerate(raw_conns):
-        conn = _load_connection(raw, index, source, environ)
+        conn = _load_connection(raw, index, source, environ, Path(base_dir))
         if conn.name in seen:
             raise ConfigError(f'{source}: connection "{conn.name}": the name is used twice; names must be unique')
         seen.add(conn.name)
@@ -312,7 +358,8 @@ def load_dict(data: Any, base_dir: str | os.PathLike = '.', source: str = '<dict
         raise ConfigError(f'{source}: {_describe(e)}') from None
 
 
-def _load_connection(raw: Any, index: int, source: str, environ: Mapping[str, str]) -> ConnectionConfig:
+def _load_connection(raw: Any, index: int, source: str, environ: Mapping[str, str],
+                     base_dir: Path = Path('.')) -> ConnectionConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f'{source}: llm[{index}] must be a mapping with at least name and model')
     label = f'connection "{raw["name"]}"' if raw.get('name') else f'llm[{index}]'
@@ -321,7 +368,7 @@ def _load_connection(raw: Any, index: int, source: str, environ: Mapping[str, st
     except ConfigError as e:
         raise ConfigError(f'{source}: {label}: {e}') from None
     try:
-        return ConnectionConfig(**expanded)
+        return ConnectionConfig.model_validate(expanded, context={'base_dir': base_dir})
     except ValidationError as e:
         raise ConfigError(f'{source}: {label}: {_describe(e)}') from None
 

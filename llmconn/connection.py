@@ -111,12 +111,15 @@ class Connection:
             return self._ping()
 
     def _ping(self) -> bool:
+        url = self.provider.ping_url()
         try:
-            self.transport.get(self.provider.ping_url(), self._headers)
+            if url:
+                self.transport.get(url, self._headers)
+                return True
         except LLMError as e:
             if e.status not in (404, 405):
                 raise
-            self._drain(self._pipeline(_Call(PING_TEXT, '', '', {}, False)))
+        self._drain(self._pipeline(_Call(PING_TEXT, '', '', {}, False)))
         return True
 
     def history(self, chat_id: str) -> list[dict]:
@@ -184,7 +187,7 @@ class Connection:
             turn = yield from self._turn(call, window, pending)
             lock.save(Turn(user=pending.user if pending else call.text, assistant=turn.text,
                            items=turn.stored_items(), tag=self.provider.tag if turn.stored_items() else '',
-                           state=turn.state, ts=mod_time.time()),
+                           state=turn.state, ts=mod_time.time(), meta=turn.last.meta),
                       expiry=conf.chat_expiry, max_turns=conf.max_stored_turns, replace_last=pending is not None)
             yield Event('done', result=turn.result)
 
@@ -224,20 +227,32 @@ class Connection:
                 yield Event('tool_result', call=dict(public_call(item), output=output, is_error=is_error))
 
     def _round(self, chain, request: Request, stream: bool) -> Iterator[Event]:
-        """One provider call; a chain that fails in a way it can recover from is retried once."""
+        """One provider call; a chain that fails in a way it can recover from is retried once,
+        if nothing of the failed answer was handed on yet."""
+        started = False
+        events = self._call(request)
         try:
-            return (yield from self._call(request))
+            while True:
+                event = next(events)
+                started = True
+                yield event
+        except StopIteration as stop:
+            return stop.value
         except LLMError as e:
-            retry = chain.recover(e, request)
+            # Only an answer that failed before any of it reached the caller can be asked again.
+            retry = None if started else chain.recover(e, request)
             if retry is None:
                 raise
-            return (yield from self._call(retry))
+        return (yield from self._call(retry))
 
     def _call(self, request: Request) -> Iterator[Event]:
         body = self.provider.build_request(request)
         if not request.stream:
-            return self.provider.done(self.provider.parse_response(
-                self.transport.post(self.provider.url(stream=False), self._headers, body)))
+            if self.provider.raw_answers:
+                answer = self.transport.exchange(self.provider.http_method, self.provider.url(), self._headers, body)
+            else:
+                answer = self.transport.post(self.provider.url(stream=False), self._headers, body)
+            return self.provider.done(self.provider.parse_response(answer))
         reply = None
         for event in self.provider.read_stream(
                 self.transport.post_stream(self.provider.url(stream=True), self._headers, body)):

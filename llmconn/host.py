@@ -30,14 +30,19 @@ class ConfigWatch:
     def __init__(self, registry: Any, path: str | os.PathLike) -> None:
         self.registry = registry
         self.path = Path(path).resolve()
-        self.signature = signature(self.path)
+        self.signature = self._signature()
         self.loaded_at = mod_time.time()
         self.error = ''
         self.error_at = 0.0
         self._pending: tuple | None = None
 
+    def _signature(self) -> tuple:
+        # The files the configuration names (templates) are part of it: an edit of one reloads too.
+        files = getattr(getattr(self.registry, 'config', None), 'files', ())
+        return tuple(signature(path) for path in (self.path, *files))
+
     def scan(self) -> None:
-        sig = signature(self.path)
+        sig = self._signature()
         if sig == self.signature:
             self._pending = None
         elif self._pending != sig:

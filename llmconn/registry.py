@@ -119,7 +119,8 @@ class Registry:
         if previous is not None and previous.config.redis == conf.redis:
             store = previous.store
         else:
-            store = open_store(conf.redis.url)
+            store = open_store(conf.redis.url, replicas=conf.redis.replicas,
+                               replica_timeout=conf.redis.replica_timeout)
         if previous is not None and previous.skills.directory == conf.skills_path:
             skills = previous.skills     # it notices edited skill files by itself
         else:

@@ -45,6 +45,7 @@ from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
 from llmconn.redact import scrub
 from llmconn.sse import SSE, EventStream, JSONBody, decode_json, iter_sse, sniff
 from llmconn.text import clean_value
+from llmconn.types import HTTPAnswer
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,17 @@ class Transport:
     def post(self, url: str, headers: dict, body: dict) -> Any:
         """POST ``body`` and return the provider's parsed JSON answer."""
         return self._whole('POST', url, headers, body)
+
+    def exchange(self, method: str, url: str, headers: dict, body: Any) -> HTTPAnswer:
+        """Send ``body`` and return the final answer as it came, an error status included.
+
+        Retries and the deadline are those of :meth:`post`; only the last answer
+        of a failing status is handed back instead of raised, for a provider that
+        reads statuses itself (template endpoints).
+        """
+        response = self._whole(method, url, headers, body, answer_errors=True)
+        return HTTPAnswer(response.status_code, {k.lower(): v for k, v in response.headers.items()},
+                          _text(response.content))
 
     def post_stream(self, url: str, headers: dict, body: dict) -> JSONBody | EventStream:
         """POST ``body``; the answer is read up to its first byte to tell an event stream from JSON.
@@ -145,11 +157,13 @@ class Transport:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _whole(self, method: str, url: str, headers: dict, body: dict | None) -> Any:
-        """A non-streamed call, all of it (retries too) within ``timeout``."""
+    def _whole(self, method: str, url: str, headers: dict, body: Any, answer_errors: bool = False) -> Any:
+        """A non-streamed call, all of it (retries too) within ``timeout``: its JSON, or with
+        ``answer_errors`` the response itself, read, whatever its status."""
         deadline = Deadline.after(self.timeout[1])
         try:
-            response = self._send(method, url, headers, body, stream=True, deadline=deadline)
+            response = self._send(method, url, headers, body, stream=True, deadline=deadline,
+                                  answer_errors=answer_errors)
             try:
                 response.content    # noqa: B018 - read the body while the deadline watches
             except requests.RequestException as e:
@@ -157,7 +171,7 @@ class Transport:
                 raise self._error(f'the answer broke before it was complete ({type(e).__name__}); '
                                   f'try again') from None
             self._raise_if_expired(deadline)
-            return self._json(response)
+            return response if answer_errors else self._json(response)
         finally:
             deadline.cancel()
 
@@ -172,8 +186,8 @@ class Transport:
         raise LLMTimeout(self._redact(f'{self.name}: {what}; raise it or check the provider'),
                          connection=self.name) from None
 
-    def _send(self, method: str, url: str, headers: dict, body: dict | None, stream: bool,
-              deadline: Deadline):
+    def _send(self, method: str, url: str, headers: dict, body: Any, stream: bool,
+              deadline: Deadline, answer_errors: bool = False):
         data = None if body is None else _encode(body)
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
@@ -201,6 +215,8 @@ class Transport:
                 return response
             wait = self._retry_wait(response, attempt)
             if wait is None or last or wait >= deadline.remaining():
+                if answer_errors:
+                    return response
                 try:
                     error = self._status_error(response)
                 except requests.RequestException as e:

@@ -29,6 +29,9 @@ class Turn:
     tag: str = ''
     state: Mapping = field(default_factory=dict)    # a stateful provider's bookkeeping
     ts: float = 0.0
+    # Fields the provider attached to the reply to be handed back with this turn (template
+    # endpoints: a thread or session id); JSON values, windowed with the turn.
+    meta: Mapping = field(default_factory=dict)
 
     def steps(self) -> list[dict]:
         """The canonical items, ending with the final text unless calls are pending."""
@@ -46,6 +49,8 @@ class Turn:
             d['t'] = self.tag
         if self.state:
             d['p'] = dict(self.state)
+        if self.meta:
+            d['m'] = dict(self.meta)
         return d
 
     @classmethod
@@ -54,7 +59,7 @@ class Turn:
         if d.get('r'):      # stored before provider state had its own key (Responses chains)
             state = {'response_id': d['r'], 'chain': d.get('c', 0)}
         return cls(user=d['u'], assistant=d['a'], items=tuple(d.get('i', ())), tag=d.get('t', ''),
-                   state=state, ts=d.get('ts', 0.0))
+                   state=state, ts=d.get('ts', 0.0), meta=d.get('m') or {})
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,7 @@ class Reply:
     items: tuple = ()                   # opaque natives (thinking, reasoning) the answer carried
     response_id: str = ''
     model: str = ''
+    meta: Mapping = field(default_factory=dict)     # stored with the turn, see Turn.meta
     steps: tuple = ()                   # the answer as canonical items, in order
 
     @property
@@ -105,6 +111,15 @@ class Reply:
         if self.thinking:
             result['thinking'] = self.thinking
         return result
+
+
+@dataclass(frozen=True)
+class HTTPAnswer:
+    """A provider's final HTTP answer as it came, for providers that read status and text themselves."""
+
+    status: int
+    headers: Mapping        # names lower-cased
+    text: str
 
 
 @dataclass(frozen=True)

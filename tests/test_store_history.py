@@ -13,7 +13,6 @@ from redis.crc import key_slot
 from llmconn.errors import ConfigError, StoreError
 from llmconn.store import ChatStore, chat_keys, mask_url, open_store
 from llmconn.store import connect as store_connect
-from llmconn.store.wire import pack
 from llmconn.types import Turn
 
 TTL = 5.0
@@ -191,14 +190,6 @@ def test_scripts_lost_by_the_server_are_loaded_again(redis_server, unique):
         assert users(store.history(unique, 'c')) == ['m0', 'm1']
     finally:
         store.close()
-
-
-def test_pack_matches_redis_py():
-    args = ('EVALSHA', 'a' * 40, 3, 'k{é}', b'\x00\r\nbin', 1000, -1, 0.25, '')
-    packer = redis.connection.PythonRespSerializer(6000, redis.Redis().get_encoder().encode)
-    assert pack(args) == b''.join(packer.pack(*args))
-    with pytest.raises(TypeError):
-        pack((None,))
 
 
 def test_opening_a_store_does_not_connect(unique):

@@ -124,25 +124,34 @@ def test_release_hands_over_to_a_waiter_within_milliseconds(store, other, unique
 
 def test_waiting_sends_no_polling_commands(store, other, unique):
     sent = []
-    original = other._wire.call
-    other._wire.call = lambda *args: sent.append(args[0]) or original(*args)
+    script, block = other._runner.script, other._runner.block
+    other._runner.script = lambda name, *a: sent.append(name) or script(name, *a)
+    other._runner.block = lambda *a: sent.append('BLPOP') or block(*a)
     holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
-    threading.Timer(0.6, holder.release).start()
+    threading.Timer(1.5, holder.release).start()
     started = time.monotonic()
     other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).release()
-    assert time.monotonic() - started < 0.9        # woken by the release, not by the 1 s cap
-    # BEGIN (busy), one BLPOP woken by the release, BEGIN (taken), RELEASE.
-    assert sent == ['EVALSHA', 'BLPOP', 'EVALSHA', 'EVALSHA']
+    assert 1.5 <= time.monotonic() - started < 2.5          # woken by the release, nothing in between
+    # ACQUIRE (busy, queued), one BLPOP woken by the release, ACQUIRE (ours), FINISH.
+    assert sent == ['acquire', 'BLPOP', 'acquire', 'finish']
 
 
-def test_a_lost_wake_up_costs_at_most_the_cap(store, other, unique, redis_client):
+def test_a_waiter_keeps_its_place_however_long_it_waits(store, other, unique, redis_client):
+    keys = chat_keys(unique, 'c')
     holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
-    # The lock vanishes without a release (as when it expires): nobody pushes a wake-up.
-    threading.Timer(0.1, redis_client.delete, args=(chat_keys(unique, 'c').lock,)).start()
-    started = time.monotonic()
-    other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).release()
-    assert time.monotonic() - started < 1.5
-    holder.release()
+    first = threading.Thread(target=lambda: other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+                             .save(turn('first'), expiry=60, max_turns=10))
+    first.start()
+    wait_until_queued(redis_client, keys, 1)
+    time.sleep(1.5)                 # longer than any re-blocking interval a waiter used to have
+    second = threading.Thread(target=lambda: other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+                              .save(turn('second'), expiry=60, max_turns=10))
+    second.start()
+    wait_until_queued(redis_client, keys, 2)
+    holder.save(turn('holder'), expiry=60, max_turns=10)
+    first.join(10)
+    second.join(10)
+    assert [t.user for t in store.history(unique, 'c')] == ['holder', 'first', 'second']
 
 
 def test_waiter_wakes_when_a_short_lock_expires(store, other, unique, redis_client):
@@ -229,27 +238,27 @@ def test_with_block_releases_on_error(store, unique):
 
 
 def test_repeated_begin_of_the_same_call_does_not_wait_for_itself(store, unique):
-    # A BEGIN retried after its reply was lost finds its own token and counts as taken.
+    # An ACQUIRE re-sent after its reply was lost finds its own token and counts as taken.
     lock = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
     keys = chat_keys(unique, 'c')
-    taken, _ = store._run(store._begin, (keys.lock, keys.turns, keys.waiting), (lock._token, 5000, 5))
-    assert taken == 1
+    reply = store._script('acquire', (keys.lock, keys.turns, keys.queue, keys.seq), (lock._token, 5000, 5, 0, b''))
+    assert reply[0] == 1
     lock.release()
 
 
-def wait_until_blocked(redis_client, count: int) -> None:
-    """Until ``count`` clients are blocked in BLPOP (waiters that are really queued)."""
-    deadline = time.monotonic() + 5
+def wait_until_queued(redis_client, keys, count: int) -> None:
+    """Until ``count`` calls wait in the chat's queue."""
+    deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if int(redis_client.info('clients')['blocked_clients']) >= count:
+        if redis_client.llen(keys.queue) >= count:
             return
         time.sleep(0.005)
-    raise AssertionError(f'{count} waiters never blocked')
+    raise AssertionError(f'{count} waiters never queued')
 
 
 def test_waiters_are_served_in_the_order_they_arrived(store, other, unique, redis_client):
+    keys = chat_keys(unique, 'c')
     holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
-    blocked_before = int(redis_client.info('clients')['blocked_clients'])
     served = []
 
     def waiter(name):
@@ -262,7 +271,7 @@ def test_waiters_are_served_in_the_order_they_arrived(store, other, unique, redi
     for i, name in enumerate(['first', 'second', 'third', 'fourth']):
         threads.append(threading.Thread(target=waiter, args=(name,)))
         threads[-1].start()
-        wait_until_blocked(redis_client, blocked_before + i + 1)
+        wait_until_queued(redis_client, keys, i + 1)
     holder.release()
     for thread in threads:
         thread.join(10)
@@ -270,12 +279,12 @@ def test_waiters_are_served_in_the_order_they_arrived(store, other, unique, redi
 
 
 def test_a_caller_that_just_released_cannot_jump_the_queue(store, other, unique, redis_client):
-    blocked_before = int(redis_client.info('clients')['blocked_clients'])
+    keys = chat_keys(unique, 'c')
     holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
     waiter = threading.Thread(target=lambda: other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
                               .save(turn('waiter'), expiry=60, max_turns=100))
     waiter.start()
-    wait_until_blocked(redis_client, blocked_before + 1)
+    wait_until_queued(redis_client, keys, 1)
     holder.save(turn('holder'), expiry=60, max_turns=100)
     # The same process asks again at once, before the waiter could even be scheduled.
     store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(turn('again'), expiry=60, max_turns=100)
@@ -283,24 +292,49 @@ def test_a_caller_that_just_released_cannot_jump_the_queue(store, other, unique,
     assert [t.user for t in store.history(unique, 'c')] == ['holder', 'waiter', 'again']
 
 
-def test_a_ticket_nobody_claims_is_taken_by_the_next_caller(store, other, unique, redis_client):
-    keys = chat_keys(unique, 'c')
-    holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
-    redis_client.set(keys.waiting, 1, px=3000)      # a waiter that gave up just before the release
-    holder.release()
-    assert redis_client.get(keys.lock).startswith(b'handoff:')
-    started = time.monotonic()
-    other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).release()
-    assert time.monotonic() - started < 0.2          # the ticket was still there to pick up
+def dead_waiter(redis_client, keys, token: str, ttl_ms: int, deadline_ms: int) -> None:
+    """Queue an entry for a waiter that will never claim anything (killed while waiting)."""
+    now_s, now_us = redis_client.time()
+    redis_client.rpush(keys.queue, f'{token}:{ttl_ms}:{now_s * 1000 + now_us // 1000 + deadline_ms}')
 
 
-def test_a_ticket_lost_with_its_waiter_blocks_the_chat_for_at_most_the_handoff_ttl(store, other, unique,
-                                                                                     redis_client):
+def test_a_waiter_killed_in_the_queue_blocks_the_chat_at_most_its_lock_ttl(store, other, unique, redis_client):
     keys = chat_keys(unique, 'c')
     holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
-    redis_client.set(keys.waiting, 1, px=3000)
+    dead_waiter(redis_client, keys, 'dead00', ttl_ms=400, deadline_ms=10_000)
     holder.release()
-    redis_client.delete(keys.wake)                   # the woken waiter died with its ticket
+    assert redis_client.get(keys.lock) == b'dead00'     # handed to it, in its turn
     started = time.monotonic()
     other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).release()
-    assert time.monotonic() - started < 1.5
+    assert 0.3 < time.monotonic() - started < 1.0
+
+
+def test_a_waiter_past_its_deadline_is_skipped(store, other, unique, redis_client):
+    keys = chat_keys(unique, 'c')
+    holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    dead_waiter(redis_client, keys, 'dead00', ttl_ms=5000, deadline_ms=-1)
+    holder.release()
+    assert not redis_client.exists(keys.lock)
+    other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0).release()
+
+
+def test_a_waiter_that_gives_up_leaves_the_queue(store, other, unique, redis_client):
+    keys = chat_keys(unique, 'c')
+    holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    with pytest.raises(ChatBusy):
+        other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0.2)
+    assert redis_client.llen(keys.queue) == 0
+    holder.release()
+    other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0).release()
+
+
+def test_a_lock_handed_to_a_waiter_as_it_gives_up_goes_to_the_next(store, other, unique, redis_client):
+    keys = chat_keys(unique, 'c')
+    holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    reply = other._script('acquire', (keys.lock, keys.turns, keys.queue, keys.seq), ('aa11', 5000, 5, 5000, b''))
+    holder.release()                                   # hands the lock to aa11, which is giving up
+    assert redis_client.get(keys.lock) == b'aa11'
+    from llmconn.store.lock import _leave
+    _leave(other, keys, 'aa11', reply[3])
+    assert not redis_client.exists(keys.lock)
+    other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0).release()

@@ -162,3 +162,45 @@ def test_gevent_greenlets_are_serialized_and_renewed(redis_url, unique):
 @pytest.mark.skipif(not hasattr(os, 'fork'), reason='needs fork')
 def test_forked_child_renews_its_own_locks(redis_url, unique):
     assert finish(spawn(FORK, redis_url, unique)).strip() == "['child']"
+
+
+QUEUER = '''
+import sys, threading
+from llmconn.store import open_store
+from llmconn.types import Turn
+
+url, conn, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+store = open_store(url)
+
+def call():
+    with store.begin(conn, 'fair', window=1, lock_ttl=5, lock_wait=60) as lock:
+        lock.save(Turn(user=f'place={lock.place}', assistant='ok'), expiry=60, max_turns=1000)
+
+workers = [threading.Thread(target=call) for _ in range(threads)]
+for w in workers:
+    w.start()
+for w in workers:
+    w.join()
+store.close()
+'''
+
+
+def test_forty_waiters_across_processes_are_served_first_come_first_served(store, redis_url, unique):
+    import redis
+    from llmconn.store import chat_keys
+
+    client = redis.Redis.from_url(redis_url)
+    holder = store.begin(unique, 'fair', window=1, lock_ttl=5, lock_wait=5)
+    workers = [spawn(QUEUER, redis_url, unique, '11') for _ in range(4)]
+    deadline = time.monotonic() + 30
+    while client.llen(chat_keys(unique, 'fair').queue) < 44:
+        assert time.monotonic() < deadline, 'the waiters never queued'
+        time.sleep(0.01)
+    time.sleep(1.2)                   # every waiter has waited past the old one-second re-block
+    holder.release()
+    for worker in workers:
+        finish(worker)
+    places = [int(t.user.split('=')[1]) for t in store.history(unique, 'fair')]
+    assert len(places) == 44
+    inversions = sum(1 for a, b in zip(places, places[1:]) if a > b)
+    assert inversions == 0, places

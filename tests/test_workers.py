@@ -124,6 +124,24 @@ def pids_answering(port, want, deadline=20.0):
     return pids
 
 
+def wait_until_dead(pid: int, timeout: float = 10) -> None:
+    """Until the kernel has closed ``pid``'s sockets: it is gone, or a zombie awaiting its parent.
+
+    A connection queued on the killed worker's own SO_REUSEPORT socket before it
+    closed is reset; that is the kernel's doing, and only those can be.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state in ('Z', 'X'):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f'worker {pid} did not die')
+
+
 def test_a_killed_worker_is_restarted_while_the_others_keep_serving(setup):
     config, services = setup
     port = free_port()
@@ -133,6 +151,7 @@ def test_a_killed_worker_is_restarted_while_the_others_keep_serving(setup):
         assert len(first) == 2
         victim = sorted(first)[0]
         os.kill(victim, signal.SIGKILL)
+        wait_until_dead(victim)
         # From the next connection on, the survivor answers every request.
         for _ in range(10):
             response = requests.post(f'http://127.0.0.1:{port}/test.pid', headers={'Connection': 'close'},

@@ -11,12 +11,14 @@ from llmconn.providers.claude import ClaudeProvider
 from llmconn.providers.gemini import GeminiProvider
 from llmconn.providers.openai import OpenAIProvider
 from llmconn.providers.openai_responses import OpenAIResponsesProvider
+from llmconn.providers.template import TemplateProvider
 
 PROVIDERS: dict[str, type[Provider]] = {
     'claude': ClaudeProvider,
     'openai': OpenAIProvider,
     'openai-responses': OpenAIResponsesProvider,
     'gemini': GeminiProvider,
+    'template': TemplateProvider,
 }
 
 __all__ = ['PROVIDERS', 'Provider']

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
 from llmconn import items as mod_items
@@ -47,6 +48,10 @@ class Provider:
     capabilities: ClassVar[frozenset[str]] = frozenset()
     # Body keys the mapping itself sets from the configuration and the chat; params may not.
     reserved_params: ClassVar[frozenset[str]] = frozenset()
+    # True when parse_response takes the final HTTPAnswer (status, headers, text, errors included)
+    # instead of the parsed JSON of a successful answer; http_method is then the method to send.
+    raw_answers: ClassVar[bool] = False
+    http_method: str = 'POST'
 
     def __init__(self, conf: 'ConnectionConfig') -> None:
         self.conf = conf
@@ -60,6 +65,11 @@ class Provider:
         if conf.state != 'local' and STATEFUL not in cls.capabilities:
             raise ValueError(f'field "state": provider {cls.name} is stateless, only "local" is valid')
         check_reserved(cls.reserved_params, conf.params, ValueError)
+
+    @classmethod
+    def read_files(cls, data: dict, base_dir: Path) -> dict:
+        """A connection's raw settings with the files they name read in, relative to ``base_dir``."""
+        return data
 
     @property
     def tag(self) -> str:
@@ -91,7 +101,7 @@ class Provider:
         raise NotImplementedError
 
     def ping_url(self) -> str:
-        """A cheap GET that proves the provider answers and accepts our credentials."""
+        """A cheap GET that proves the provider answers and accepts our credentials ('' when there is none)."""
         raise NotImplementedError
 
     def headers(self) -> dict[str, str]:
@@ -130,7 +140,7 @@ class Provider:
             return reply        # the common case, found at C speed: nothing to walk and copy
         return dataclasses.replace(reply, text=clean(reply.text), thinking=clean(reply.thinking),
                                    items=clean_value(reply.items), raw=clean_value(reply.raw),
-                                   steps=clean_value(reply.steps))
+                                   steps=clean_value(reply.steps), meta=clean_value(reply.meta))
 
     # Whether a JSON answer to a stream request is a list of stream chunks (Gemini without
     # alt=sse) rather than one whole reply.
@@ -192,17 +202,59 @@ class Chain:
         return replace(base, history=self.window, items=tuple(items))
 
     def recover(self, error: LLMError, request: Request) -> Request | None:
-        return None
+        """Ids a template endpoint's replies kept (``Turn.meta``) that it forgot: the window goes
+        back without them, and without the natives that may refer to them."""
+        kept = _kept_ids(self.window)
+        if not kept or not any(forgot_previous(error, kept_id) for kept_id in kept):
+            return None
+        self.window = tuple(replace(turn, items=(), meta={}) for turn in self.window)
+        return replace(request, history=self.window)
 
     def state(self, reply: Reply) -> dict:
         return {}
+
+
+def forgot_previous(error: LLMError, previous_id: str = '') -> bool:
+    """The provider no longer knows the response we continue from (expired, deleted, restarted).
+
+    OpenAI says so with ``code: previous_response_not_found``; gateways rewrap
+    it (LiteLLM: HTTP 400, ``"code": "400"``, ``"param": null``, the original
+    message, sometimes the original JSON quoted inside it; LM Studio: "history
+    node with id ... not found"). So the whole error is read as text: the code
+    anywhere in it, or "not found" together with "previous response" or the id
+    we sent. Getting it wrong the other way costs more: a chat that resends a
+    dead id fails for good, while a needless re-seed only resends local history.
+    """
+    body = error.provider_body
+    text = ' '.join((str(error), body if isinstance(body, str) else _json_text(body)))
+    lower = text.lower()
+    if 'previous_response_not_found' in lower:
+        return True
+    if 'not found' not in lower:
+        return False
+    return ('previous response' in lower or 'previous_response_id' in lower
+            or bool(previous_id) and previous_id in text)
+
+
+def _json_text(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _kept_ids(window: tuple) -> list[str]:
+    """The ids the window's replies kept for the provider (``['']`` when they kept only other values)."""
+    kept = [value for turn in window for value in turn.meta.values()]
+    return [value for value in kept if isinstance(value, str) and value] or ([''] if kept else [])
 
 
 def _has_surrogate(reply: Reply) -> bool:
     if has_surrogate(reply.text) or has_surrogate(reply.thinking):
         return True
     try:
-        return has_surrogate(json.dumps([reply.raw, reply.items, reply.steps], ensure_ascii=False, default=str))
+        return has_surrogate(json.dumps([reply.raw, reply.items, reply.steps, reply.meta], ensure_ascii=False,
+                                       default=str))
     except (TypeError, ValueError, RecursionError):
         return True         # cannot tell cheaply: walk it
 

@@ -32,14 +32,14 @@ local window.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import replace
 from typing import Any, Iterable, Iterator
 
 from llmconn import items as mod_items
 from llmconn.errors import LLMError
 from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, Chain, Provider
-from llmconn.providers.base import arguments_json, is_done_marker, json_event, nonempty, parse_arguments
+from llmconn.providers.base import arguments_json, forgot_previous, is_done_marker, json_event, nonempty
+from llmconn.providers.base import parse_arguments
 from llmconn.providers.openai import bearer_headers, error_text
 from llmconn.types import Event, Reply, Request, Turn
 
@@ -238,35 +238,6 @@ class ResponsesChain(Chain):
         if not self.stateful or not reply.response_id:
             return {}
         return {'response_id': reply.response_id, 'chain': self.length}
-
-
-def forgot_previous(error: LLMError, previous_id: str = '') -> bool:
-    """The provider no longer knows the response we continue from (expired, deleted, restarted).
-
-    OpenAI says so with ``code: previous_response_not_found``; gateways rewrap
-    it (LiteLLM: HTTP 400, ``"code": "400"``, ``"param": null``, the original
-    message, sometimes the original JSON quoted inside it; LM Studio: "history
-    node with id ... not found"). So the whole error is read as text: the code
-    anywhere in it, or "not found" together with "previous response" or the id
-    we sent. Getting it wrong the other way costs more: a chat that resends a
-    dead id fails for good, while a needless re-seed only resends local history.
-    """
-    body = error.provider_body
-    text = ' '.join((str(error), body if isinstance(body, str) else _json_text(body)))
-    lower = text.lower()
-    if 'previous_response_not_found' in lower:
-        return True
-    if 'not found' not in lower:
-        return False
-    return ('previous response' in lower or 'previous_response_id' in lower
-            or bool(previous_id) and previous_id in text)
-
-
-def _json_text(value: Any) -> str:
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return str(value)
 
 
 def _turn_items(user: str, steps: list[dict]) -> list[dict]:

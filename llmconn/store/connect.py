@@ -1,9 +1,11 @@
 """From a ``redis.url`` to a :class:`ChatStore`, without touching the network.
 
-``redis://``, ``rediss://`` (TLS) and ``unix://`` URLs go to redis-py;
-``memory://`` is an embedded store (fakeredis with Lua) living in this
-process only. Nothing connects here: the registry loads while Redis is down,
-and the first command connects.
+The URL is read by :mod:`llmconn.store.urls` (the same reading ``llmconn
+check`` does); this module turns it into redis-py clients behind the
+runner of its deployment (:mod:`llmconn.store.runner`). ``memory://`` is an
+embedded store (fakeredis with Lua) living in this process only. Nothing
+connects here: the registry loads while Redis is down, and the first
+command connects.
 """
 
 from __future__ import annotations
@@ -11,33 +13,29 @@ from __future__ import annotations
 import logging
 import threading
 from typing import Any, Callable
-from urllib.parse import urlsplit
-
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from llmconn.errors import ConfigError
-from llmconn.redact import mask_url
 from llmconn.store.history import ChatStore
+from llmconn.store.lock import ACQUIRE, FINISH, RENEW
+from llmconn.store.runner import ClusterRunner, RedisRunner, SentinelRunner
+from llmconn.store.urls import CLUSTER, MEMORY, SENTINEL, RedisTarget, parse_redis_url
 
 logger = logging.getLogger('llmconn.store')
 
-MEMORY_SCHEME = 'memory'
-REDIS_SCHEMES = ('redis', 'rediss', 'unix')
+SCRIPTS = {'acquire': ACQUIRE, 'finish': FINISH, 'renew': RENEW}
 
-# The client for everything off the hot path (renewals, history, ping); chat
-# calls use their own connections, see :mod:`llmconn.store.wire`.
-MAX_CONNECTIONS = 100
+# Connections per node for everything but blocked waiters.
+MAX_CONNECTIONS = 1000
 
 # A Redis that does not accept a connection fails the call quickly.
 CONNECT_TIMEOUT = 2.0
 
-# Longer than a waiter's BLPOP (history.WAKE_WAIT_CAP), or waiting would time out.
+# A command that gets no answer for this long fails (waiters block on their own client).
 SOCKET_TIMEOUT = 5.0
 
-# One immediate retry on a broken connection (e.g. Redis restarted under a
-# pooled socket); off the hot path, every command there is safe to repeat.
+# One immediate retry on a broken connection (Redis restarted under a pooled
+# socket, a Sentinel failover): every store script is safe to send twice - a
+# re-sent ACQUIRE finds its own token, a re-sent FINISH its saved token.
 CONNECTION_RETRIES = 1
 
 # memory:// stores by URL, so a registry reloaded in the same process keeps its history.
@@ -46,36 +44,82 @@ _memory_lock = threading.Lock()
 _memory_warned = False
 
 
-def open_store(url: str, *, clock: Callable[[], float] | None = None) -> ChatStore:
+def open_store(url: str, *, clock: Callable[[], float] | None = None, replicas: int = 0,
+               replica_timeout: float = 1.0) -> ChatStore:
     """A :class:`ChatStore` for ``url``; connects lazily, on the first command.
 
     ``clock`` (default ``time.monotonic``) measures ``lock_wait``, so tests
-    can make a waiter give up without waiting in real time.
+    can make a waiter give up without waiting in real time. ``replicas``: a
+    save returns only once that many replicas acknowledged it.
     """
-    display = mask_url(url)
-    scheme = url.partition('://')[0].lower() if '://' in url else ''
-    if scheme == MEMORY_SCHEME:
-        return ChatStore(_memory_client(url), url_for_display=display, shared=False, clock=clock)
-    if scheme not in REDIS_SCHEMES:
-        raise ConfigError(f'redis.url {display!r} is not supported: use redis://, rediss:// (TLS), unix:// '
-                          f'or memory:// (one process only)')
     try:
-        client = redis.Redis.from_url(
-            url, max_connections=MAX_CONNECTIONS, socket_timeout=SOCKET_TIMEOUT,
-            socket_connect_timeout=CONNECT_TIMEOUT, retry=Retry(NoBackoff(), CONNECTION_RETRIES))
+        target = parse_redis_url(url)
     except ValueError as exc:
-        raise ConfigError(f'redis.url {display!r} is invalid: {_without_secret(str(exc), url)}') from None
-    return ChatStore(client, url_for_display=display, shared=True, clock=clock)
-
-
-
-
-def _without_secret(message: str, url: str) -> str:
+        raise ConfigError(str(exc)) from None
+    if target.kind == MEMORY:
+        client = _memory_client(url)
+        runner = RedisRunner(lambda timeout: client, SCRIPTS, SOCKET_TIMEOUT)
+        return ChatStore(runner, target, shared=False, clock=clock)
+    make = {CLUSTER: _cluster_maker, SENTINEL: _sentinel_maker}.get(target.kind, _redis_maker)(target)
+    kind = {CLUSTER: ClusterRunner, SENTINEL: SentinelRunner}.get(target.kind, RedisRunner)
     try:
-        password = urlsplit(url).password
-    except ValueError:
-        return 'unparseable URL'
-    return message.replace(password, '***') if password else message
+        runner = kind(make, SCRIPTS, SOCKET_TIMEOUT)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f'redis.url {target.display!r} is invalid: {_without_secret(str(exc), target)}') from None
+    return ChatStore(runner, target, shared=True, clock=clock, replicas=replicas,
+                     replica_timeout=replica_timeout)
+
+
+def _common(target: RedisTarget) -> dict:
+    """Connection settings every deployment shares: credentials, TLS, timeouts, retries."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    kwargs = dict(username=target.username, password=target.password, socket_connect_timeout=CONNECT_TIMEOUT,
+                  retry=Retry(NoBackoff(), CONNECTION_RETRIES), max_connections=MAX_CONNECTIONS)
+    kwargs.update({k: v for k, v in target.options.items() if not k.startswith('sentinel_')})
+    if target.tls:
+        kwargs['ssl'] = True
+    return kwargs
+
+
+def _redis_maker(target: RedisTarget) -> Callable[[float], Any]:
+    import redis
+
+    kwargs = _common(target)
+    if target.path:
+        kwargs.pop('ssl', None)
+        kwargs.update(unix_socket_path=target.path, db=target.db)
+    else:
+        (host, port), = target.hosts
+        kwargs.update(host=host, port=port, db=target.db)
+    return lambda timeout: redis.Redis(socket_timeout=timeout, **kwargs)
+
+
+def _sentinel_maker(target: RedisTarget) -> Callable[[float], Any]:
+    from redis.sentinel import Sentinel
+
+    kwargs = _common(target)
+    kwargs.pop('max_connections')
+    sentinel_kwargs = {k.removeprefix('sentinel_'): v for k, v in target.options.items() if k.startswith('sentinel_')}
+    sentinel_kwargs.update(socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT)
+    if target.tls:
+        sentinel_kwargs['ssl'] = True
+    sentinel = Sentinel(list(target.hosts), sentinel_kwargs=sentinel_kwargs, **kwargs)
+    return lambda timeout: sentinel.master_for(target.master, socket_timeout=timeout, db=target.db,
+                                               max_connections=MAX_CONNECTIONS)
+
+
+def _cluster_maker(target: RedisTarget) -> Callable[[float], Any]:
+    from redis.cluster import ClusterNode, RedisCluster
+
+    kwargs = _common(target)
+    nodes = [ClusterNode(host, port) for host, port in target.hosts]
+    return lambda timeout: RedisCluster(startup_nodes=nodes, socket_timeout=timeout, **kwargs)
+
+
+def _without_secret(message: str, target: RedisTarget) -> str:
+    return message.replace(target.password, '***') if target.password else message
 
 
 def _memory_client(url: str) -> Any:

@@ -16,22 +16,25 @@ import os
 import threading
 import time as mod_time
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmconn.errors import ChatBusy, StoreError
-from llmconn.store import scripts
+from llmconn.store import lock as mod_lock
 from llmconn.store.keys import ChatKeys, chat_keys
-from llmconn.store.lock import ChatLock, LockRenewer
-from llmconn.store.scripts import TURN_SEPARATOR, WAKE_WAIT_CAP
-from llmconn.store.wire import NoConnectionAvailable, Wire
+from llmconn.store.lock import TURN_SEPARATOR, ChatLock
+from llmconn.store.renewer import LockRenewer
 from llmconn.types import Turn
 
-# BLPOP's timeout 0 means "forever"; never ask for less than this.
-MIN_WAKE_WAIT = 0.002
+if TYPE_CHECKING:
+    from llmconn.store.runner import Runner
+    from llmconn.store.urls import RedisTarget
+
+# What redis-py raises: its own errors, and the cluster client's topology errors (not RedisErrors).
+_REDIS_ERRORS = (RedisError, RedisClusterException)
 
 # Decoded turns are kept by their stored bytes, up to this many bytes of them.
 MAX_CACHED_TURN_BYTES = 8 * 1024 * 1024
@@ -50,19 +53,17 @@ _stores: 'weakref.WeakSet[ChatStore]' = weakref.WeakSet()
 
 
 class ChatStore:
-    """History and locks of every chat, in one Redis (or the embedded ``memory://`` store)."""
+    """History and locks of every chat, in one Redis deployment (or the embedded ``memory://`` store)."""
 
-    def __init__(self, client: Any, *, url_for_display: str, shared: bool,
-                 clock: Callable[[], float] | None = None) -> None:
-        self.url_for_display = url_for_display
+    def __init__(self, runner: 'Runner', target: 'RedisTarget', *, shared: bool,
+                 clock: Callable[[], float] | None = None, replicas: int = 0, replica_timeout: float = 1.0) -> None:
+        self.url_for_display = target.display
         self.shared = shared
-        self._client = client                  # everything but the hot path
-        self._wire = Wire(client.connection_pool)
+        self.replicas = replicas
+        self._target = target
+        self._runner = runner
+        self._replica_timeout_ms = max(1, int(replica_timeout * 1000))
         self._clock = clock or mod_time.monotonic
-        self._begin = client.register_script(scripts.BEGIN)
-        self._save = client.register_script(scripts.SAVE)
-        self._release = client.register_script(scripts.RELEASE)
-        self._renew = client.register_script(scripts.RENEW)
         self._held: dict[str, ChatLock] = {}    # token -> lock, what the renewer keeps alive
         self._turns = TurnCache(MAX_CACHED_TURN_BYTES)
         self._renewer: LockRenewer | None = None
@@ -75,65 +76,65 @@ class ChatStore:
 
     def begin(self, conn_name: str, chat_id: str, *, window: int, lock_ttl: float,
               lock_wait: float) -> ChatLock:
-        """Lock the chat and read its last ``window`` turns; wait up to ``lock_wait`` s for the lock."""
+        """Lock the chat and read its last ``window`` turns; wait in line up to ``lock_wait`` s for the lock."""
         renewer = self._renewer or self._start_renewer()
         ttl_ms = int(lock_ttl * 1000) or 1
         if ttl_ms < renewer.min_ttl_ms:
             renewer.shorten(ttl_ms)
         keys = chat_keys(conn_name, chat_id)
         token = _new_token()
-        args = (token, ttl_ms, window, b'')
-        taken, value = self._run(self._begin, (keys.lock, keys.turns, keys.waiting), args)
-        if not taken:
-            value = self._wait(keys, args, value, lock_wait, conn_name, chat_id)
-        lock = ChatLock(self, keys, token, ttl_ms, self._turns.decode(value))
+
+        def busy() -> ChatBusy:
+            return ChatBusy(f'Chat {chat_id[:64]!r} of connection {conn_name!r} is busy: other calls held it for '
+                            f'longer than lock_wait ({lock_wait:g} s). Try again later, or raise lock_wait in '
+                            f'the connection\'s configuration.')
+
+        window_bytes, place = mod_lock.acquire(self, keys, token, window=window, ttl_ms=ttl_ms,
+                                               lock_wait=lock_wait, clock=self._clock, busy=busy)
+        lock = ChatLock(self, keys, token, ttl_ms, self._turns.decode(window_bytes), place)
         self._held[token] = lock
         return lock
 
-    def _wait(self, keys: ChatKeys, args: tuple, pttl: int, lock_wait: float, conn_name: str,
-              chat_id: str) -> bytes:
-        """Block until a SAVE or RELEASE hands us the lock (or the holder's lock runs out), then take it.
+    # What the lock module sends, each translated here (the one redis exception boundary).
 
-        The wake-up carries a ticket; BEGIN with it claims the lock reserved for
-        that ticket, so waiters are served in the order Redis unblocks them.
-        """
-        deadline = self._clock() + lock_wait
-        while True:
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                raise ChatBusy(f'Chat {chat_id[:64]!r} of connection {conn_name!r} is busy: another call held it '
-                               f'for longer than lock_wait ({lock_wait:g} s). Try again later, or raise lock_wait '
-                               f'in the connection\'s configuration.')
-            timeout = min(remaining, WAKE_WAIT_CAP, pttl / 1000.0 if pttl > 0 else WAKE_WAIT_CAP)
-            try:
-                woken = self._wire.call('BLPOP', keys.wake, max(timeout, MIN_WAKE_WAIT))
-            except RedisError as exc:
-                raise self._error(exc) from exc
-            ticket = woken[1] if woken else b''
-            taken, value = self._run(self._begin, (keys.lock, keys.turns, keys.waiting), args[:3] + (ticket,))
-            if taken:
-                return value
-            pttl = value
-
-    def _do_save(self, keys: ChatKeys, token: str, data: bytes, max_turns: int, expiry: float,
-                 replace_last: bool = False) -> bool:
-        args = (token, data, max_turns, max(1, int(expiry * 1000)), '1' if replace_last else '0')
-        return self._run(self._save, (keys.lock, keys.turns, keys.wake, keys.waiting), args) == 1
-
-    def _do_release(self, keys: ChatKeys, token: str) -> bool:
-        return self._run(self._release, (keys.lock, keys.turns, keys.wake, keys.waiting), (token,)) == 1
-
-    def _do_renew(self, locks: list[tuple]) -> list:
-        """Renew (key, token, ttl_ms) locks in one pipelined round trip; 1 or 0 (lost) or an error each."""
-        pipe = self._client.pipeline(transaction=False)
-        for key, token, ttl_ms in locks:
-            self._renew(keys=(key,), args=(token, ttl_ms), client=pipe)
-        return pipe.execute(raise_on_error=False)
-
-    def _run(self, script: Any, keys: tuple, args: tuple) -> Any:
+    def _script(self, name: str, keys: tuple, args: tuple) -> Any:
         try:
-            return self._wire.evalsha(script, keys, args)
+            return self._runner.script(name, keys, args)
+        except _REDIS_ERRORS as exc:
+            raise self._error(exc) from exc
+
+    def _block(self, key: str, timeout: float) -> Any:
+        try:
+            return self._runner.block(key, timeout)
         except RedisError as exc:
+            if str(exc).startswith('UNBLOCKED'):
+                return None        # the node changed role (failover): look again, on the new master
+            raise self._error(exc) from exc
+        except RedisClusterException as exc:
+            raise self._error(exc) from exc
+
+    def _finish(self, keys: ChatKeys, args: tuple, *, durable: bool, extra_key: tuple = ()) -> int:
+        """FINISH (save or release); with ``replicas``, a save also waits for them in the same round trip."""
+        finish_keys = (keys.lock, keys.turns, keys.queue, keys.saved, *extra_key)
+        if not (durable and self.replicas):
+            return self._script('finish', finish_keys, args)
+        try:
+            result, acks = self._runner.script_and_wait('finish', finish_keys, args, self.replicas,
+                                                        self._replica_timeout_ms)
+        except _REDIS_ERRORS as exc:
+            raise self._error(exc) from exc
+        if result != mod_lock.NOT_OURS and acks < self.replicas:
+            raise StoreError(f'The turn was saved on the Redis master of {self.url_for_display} but reached only '
+                             f'{acks} of {self.replicas} replica(s) within {self._replica_timeout_ms} ms, so it '
+                             f'may not survive a failover; check the replicas (INFO replication), or lower '
+                             f'redis.replicas.')
+        return result
+
+    def _renew_all(self, locks: list[tuple]) -> list:
+        """Renew (key, token, ttl_ms) locks in pipelined round trips; 1 or 0 (lost) or an error each."""
+        try:
+            return self._runner.scripts('renew', [((key,), (token, ttl_ms)) for key, token, ttl_ms in locks])
+        except _REDIS_ERRORS as exc:
             raise self._error(exc) from exc
 
     # ################################################################################################
@@ -142,23 +143,23 @@ class ChatStore:
     def history(self, conn_name: str, chat_id: str) -> list[Turn]:
         """Every stored turn of the chat, oldest first (empty when unknown or expired)."""
         try:
-            items = self._client.lrange(chat_keys(conn_name, chat_id).turns, 0, -1)
-        except RedisError as exc:
+            items = self._runner.client.lrange(chat_keys(conn_name, chat_id).turns, 0, -1)
+        except _REDIS_ERRORS as exc:
             raise self._error(exc) from exc
         return [_from_dict(_loads(item)) for item in items]
 
     def delete(self, conn_name: str, chat_id: str) -> None:
         """Forget the chat's turns. A call holding its lock keeps it and may still save its turn."""
         try:
-            self._client.delete(chat_keys(conn_name, chat_id).turns)
-        except RedisError as exc:
+            self._runner.client.delete(chat_keys(conn_name, chat_id).turns)
+        except _REDIS_ERRORS as exc:
             raise self._error(exc) from exc
 
     def ping(self) -> None:
         """Raise :class:`StoreError` unless Redis answers."""
         try:
-            self._client.ping()
-        except RedisError as exc:
+            self._runner.client.ping()
+        except _REDIS_ERRORS as exc:
             raise self._error(exc) from exc
 
     def close(self) -> None:
@@ -168,8 +169,7 @@ class ChatStore:
             renewer, self._renewer = self._renewer, None
         if renewer is not None:
             renewer.stop()
-        self._wire.close()
-        self._client.connection_pool.disconnect()
+        self._runner.close()
 
     # ################################################################################################
 
@@ -189,20 +189,18 @@ class ChatStore:
         self._renewer = None
         self._held = {}
         self._start_lock = threading.Lock()
-        self._wire.forget()
+        # redis-py's pools see the new pid and open their own connections.
 
-    def _error(self, exc: RedisError) -> StoreError:
+    def _error(self, exc: Exception) -> StoreError:
         """The one translation of a redis exception, with what to do next and no password."""
-        if isinstance(exc, NoConnectionAvailable):
-            hint = 'too many chat calls wait on Redis at once in this process; is Redis overloaded?'
-        elif isinstance(exc, AuthenticationError):
+        if isinstance(exc, AuthenticationError):
             hint = 'check the user name and password in redis.url'
         elif isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
             hint = 'check that Redis is running and reachable at that address (calls without a chat_id still work)'
         else:
             hint = 'check the Redis server and its log'
         detail = f'{type(exc).__name__}: {exc}'
-        password = self._client.connection_pool.connection_kwargs.get('password')
+        password = self._target.password
         if password:
             detail = detail.replace(str(password), '***')
         return StoreError(f'Chat store {self.url_for_display} failed ({detail}); {hint}.')

@@ -26,12 +26,21 @@ _encoded_names: dict[str, str] = {}
 
 
 class ChatKeys(NamedTuple):
-    """The keys of one chat of one connection."""
+    """The keys of one chat of one connection, all sharing one hash tag (one cluster slot)."""
 
     turns: str      # list of JSON turns, oldest first
-    lock: str       # string: the random token of the current holder
-    wake: str       # list of at most one element: "the lock was just released"
-    waiting: str    # string flag, short expiry: "someone is blocked on ``wake``"
+    lock: str       # string: the token of the current holder; a waiter's wake-up list is lock + ':' + its token
+    queue: str      # list of waiting calls, first come first
+    seq: str        # counter numbering the waiting calls (their place, for observers)
+    saved: str      # list of the tokens of the last saves, newest first: a re-sent save is recognised
+
+    def beside(self, suffix: str) -> str:
+        """Another key in this chat's slot (e.g. a usage ledger a save script may also write)."""
+        return f'{self.turns.rpartition(":")[0]}:{suffix}'
+
+    def wake(self, token: str) -> str:
+        """The list a waiting call blocks on; the lock scripts derive the same name."""
+        return f'{self.lock}:{token}'
 
 
 def encode(value: str) -> str:
@@ -45,4 +54,4 @@ def chat_keys(conn_name: str, chat_id: str) -> ChatKeys:
     if enc_conn is None:
         enc_conn = _encoded_names[conn_name] = encode(conn_name)
     base = f'{KEY_PREFIX}:{{{enc_conn}:{encode(chat_id)}}}:'
-    return ChatKeys(base + 'turns', base + 'lock', base + 'wake', base + 'waiting')
+    return ChatKeys(base + 'turns', base + 'lock', base + 'queue', base + 'seq', base + 'saved')

@@ -1,4 +1,4 @@
-"""The distributed per-chat lock: a held chat, its window, and its renewal.
+"""The distributed per-chat lock: acquire, wait in line, renew, hand over, save.
 
 A :class:`ChatLock` is what :meth:`ChatStore.begin` hands back: proof that
 this call, and no other in any process sharing the Redis, may extend the
@@ -6,48 +6,68 @@ chat. It carries the window read under the lock and ends in one of two ways:
 :meth:`ChatLock.save` (append the turn and unlock, one round trip) or
 :meth:`ChatLock.release` (unlock without saving, e.g. the provider failed).
 
-The lock is a Redis string holding a random token, set with an expiry of
-``lock_ttl``. While held it is renewed by one :class:`LockRenewer` per store
-(not one thread per call), so a provider call may run far longer than
-``lock_ttl``; only a holder that stops renewing loses it.
+The lock is a Redis string holding the call's random token, with an expiry
+of ``lock_ttl``. While held it is renewed (RENEW, below) by one
+:class:`~llmconn.store.renewer.LockRenewer` per store, so a provider call
+may run far longer than ``lock_ttl``; only a holder that stops renewing
+loses it. Every script that writes, releases or
+extends checks the token first (fencing).
 
-Failure timeline, and why nothing is lost or duplicated::
+Waiting in line, first come first served, without polling::
 
-    t0  process A: BEGIN -> lock = token_A (ttl 30 s), reads turns 1..n
-    t1  process B: BEGIN fails, sets the waiting flag, blocks in BLPOP
-    t2  A is SIGKILLed mid provider call: its renewer dies with it
-    t3  t0 + ttl: Redis expires the lock. B's BLPOP ended at the lock's
-        remaining ttl (or a 1 s cap), B retries BEGIN and takes the lock
-    t4  B saves turn n+1, built on turns 1..n; A's turn never existed
+    t0  A holds the chat. B's ACQUIRE finds it taken: B is appended to the chat's
+        queue (entry "token:ttl:deadline") and blocks in BLPOP on its own wake-up
+        list, for as long as A's lock has left (A renewing keeps B asleep).
+    t1  C queues behind B the same way.
+    t2  A saves: FINISH pops the queue's head (B), sets the lock to B's token and
+        pushes B's wake-up. The lock never becomes free, so nobody (not A calling
+        again) can jump the queue. B's ACQUIRE finds its own token: B holds it.
+    t3  B waited 40 s? It still has its place: its place is in Redis, not in a
+        blocked connection, and re-blocking (each BLOCK_CAP, or a reconnect)
+        never re-queues it.
 
-    A paused instead of killed (GC, VM freeze, Redis unreachable) and
-    resuming after t3: its renewal or SAVE finds token_B, not token_A, so
-    the renewer marks the lock lost and SAVE writes nothing and raises
-    LockLost. A stale holder can never overwrite, unlock or extend B's lock.
+Failure timelines, and why nothing is lost or duplicated::
 
-Handover, and why a busy chat is served in order::
+    Holder killed: t0 A holds, B waits; t1 A is SIGKILLed, its renewer dies with
+    it; t2 A's lock expires after lock_ttl. B's BLPOP was bounded by that ttl:
+    B wakes, ACQUIRE finds the lock free with a queue, passes it to the queue's
+    head (B itself, or whoever came first) - the order still holds.
 
-    t0  A holds the chat; B, then C, fail BEGIN and block in BLPOP (in that order)
-    t1  A saves: waiters exist, so the lock becomes a ticket reserved for ~1 s and
-        the ticket is pushed; Redis gives it to B, the longest blocked
-    t2  A calls again at once: the lock is taken (by the ticket), so A queues behind C
-    t3  B's BEGIN presents the ticket and turns the reservation into its lock
+    Waiter killed: its entry stays queued. A handoff to it reserves the lock
+    for it (its ttl), nobody claims it, it expires: a dead waiter costs at
+    most lock_ttl, as a dead holder does. An entry past its lock_wait deadline
+    is skipped without a handoff. A waiter that gives up (ChatBusy) leaves the
+    queue, and passes on a lock handed to it at that instant.
 
-    B killed between t1 and t3: the reservation lapses after HANDOFF_TTL_MS and C
-    (whose BLPOP wait is capped at the lock's remaining ttl) takes the lock.
+    Holder paused (GC, VM freeze, Redis unreachable) past lock_ttl: B takes the
+    lock; A's renewal or save finds token_B, not token_A: nothing is written,
+    the renewer marks A lost and save raises LockLost.
 
-Every script is fenced by the token; see :mod:`llmconn.store.scripts`.
+    Reply of a save lost (connection dropped after Redis ran it): the client
+    sends it again. The lock is no longer A's, but FINISH remembers the tokens
+    of the last SAVED_TOKENS saves of the chat: it finds token_A there and
+    answers "already saved". Never LockLost for a stored turn, never two copies.
+
+    Failover with an unreplicated write: A's lock (or A's save) reached the
+    master but not its replica when the master died. The promoted replica
+    has no lock: B takes it. A's save then finds token_B and writes nothing
+    (LockLost) - A's turn is lost as a whole, never interleaved with B's.
+    With ``redis.replicas: 1`` a save reports success only once a replica
+    holds it (WAIT, same round trip), so no acknowledged turn is lost this way.
+
+Scripts are literal constants below, each headed by its KEYS, ARGV and
+return value; the handover loop is repeated in ACQUIRE and FINISH rather
+than assembled, so each reads whole. All keys of a chat share one hash tag:
+the wake-up list a script derives from the lock key lives in the same slot.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
-import time as mod_time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Mapping
 
-from llmconn.errors import LockLost, StoreError
+from llmconn.errors import ChatBusy, LockLost, StoreError
 from llmconn.types import Turn
 
 if TYPE_CHECKING:
@@ -56,34 +76,216 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# With no lock held yet, how often the renewer looks (it is woken early when
-# a lock with a shorter ttl appears).
-IDLE_RENEW_INTERVAL = 10.0
+# A waiter re-blocks at least this often (and re-checks the holder is alive);
+# it keeps its place in the queue. Below the blocking client's socket timeout.
+BLOCK_CAP = 30.0
 
-# A lock is renewed every ttl/3: two renewals may fail before it expires.
-RENEWALS_PER_TTL = 3
+# BLPOP's timeout 0 means "forever"; never ask for less than this.
+MIN_BLOCK = 0.01
+
+# How many saved tokens a chat remembers, so a re-sent save is recognised even
+# if this many other calls saved in between (a re-send follows within a
+# reconnect, so a handful would do).
+SAVED_TOKENS = 64
+
+# Turns travel from ACQUIRE as one string, one compact JSON turn per line: JSON
+# escapes every newline inside its strings, so the separator never occurs
+# within a turn, and Python splits the window without parsing it.
+TURN_SEPARATOR = b'\n'
+
+# FINISH's answers.
+DONE, ALREADY_SAVED, NOT_OURS = 1, 2, 0
+
+# Takes the lock and reads the window, or queues the caller.
+#   KEYS[1] - lock, KEYS[2] - turns, KEYS[3] - queue, KEYS[4] - seq
+#   ARGV[1] - our token, ARGV[2] - lock ttl (ms), ARGV[3] - window (turns),
+#   ARGV[4] - how long we may wait (ms); '0' = do not queue,
+#   ARGV[5] - our queue entry from an earlier attempt, or ''
+# Returns {1, turns} - the last ARGV[3] turns, oldest first, joined by "\n" - when
+# the lock is ours (also when it already held our token: handed to us, or this
+# call re-sent after a lost reply); else {0, pttl of the holder, our place, our entry}.
+ACQUIRE = """
+local function window()
+    local n = tonumber(ARGV[3])
+    if n <= 0 then return '' end      -- LRANGE key -0 -1 would be the whole list
+    return table.concat(redis.call('LRANGE', KEYS[2], -n, -1), '\\n')
+end
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, window()}
+end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+if not holder then
+    -- Free. With nobody queued it is ours; with a queue its holder died: the head goes first.
+    while true do
+        local entry = redis.call('LPOP', KEYS[3])
+        if not entry then
+            redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+            return {1, window()}
+        end
+        local token, ttl, deadline = string.match(entry, '^(%x+):(%d+):(%d+)$')
+        if token == ARGV[1] then
+            redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+            return {1, window()}
+        end
+        if token and tonumber(deadline) > now then
+            redis.call('SET', KEYS[1], token, 'PX', ttl)
+            local wake = KEYS[1] .. ':' .. token
+            redis.call('RPUSH', wake, '1')
+            redis.call('PEXPIRE', wake, ttl)
+            break
+        end
+    end
+end
+if ARGV[4] == '0' then
+    return {0, redis.call('PTTL', KEYS[1]), 0, ''}
+end
+local entry = ARGV[5]
+if entry == '' or not redis.call('LPOS', KEYS[3], entry) then
+    entry = ARGV[1] .. ':' .. ARGV[2] .. ':' .. (now + tonumber(ARGV[4]))
+    redis.call('RPUSH', KEYS[3], entry)
+    local keep = tonumber(ARGV[4]) + tonumber(ARGV[2])
+    if redis.call('PTTL', KEYS[3]) < keep then
+        redis.call('PEXPIRE', KEYS[3], keep)
+        redis.call('PEXPIRE', KEYS[4], keep)
+    end
+    return {0, redis.call('PTTL', KEYS[1]), redis.call('INCR', KEYS[4]), entry}
+end
+return {0, redis.call('PTTL', KEYS[1]), 0, entry}
+"""
+
+# Saves a turn (or only releases) and hands the lock to the first live waiter.
+#   KEYS[1] - lock, KEYS[2] - turns, KEYS[3] - queue, KEYS[4] - saved tokens
+#   ARGV[1] - our token, ARGV[2] - the turn as compact JSON ('' = release, save nothing),
+#   ARGV[3] - max stored turns, ARGV[4] - chat expiry (ms),
+#   ARGV[5] - '1' to replace the last stored turn (a pending one) instead of appending,
+#   ARGV[6] - our queue entry, when we give up waiting, or ''
+#   KEYS[5], ARGV[7..] (optional) - a hash in this slot and field/increment pairs,
+#   counted with the saved turn (a usage ledger), never for a re-sent save
+# Returns 1 - saved (or released); 2 - this token's turn was saved before (a re-sent
+# save: nothing written again); 0 - the lock was not ours (nothing written).
+FINISH = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    if ARGV[2] ~= '' then
+        for _, token in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
+            if token == ARGV[1] then return 2 end
+        end
+    elseif ARGV[6] ~= '' then
+        redis.call('LREM', KEYS[3], 1, ARGV[6])
+    end
+    return 0
+end
+if ARGV[2] ~= '' then
+    local max_turns = tonumber(ARGV[3])
+    if ARGV[5] == '1' and redis.call('LLEN', KEYS[2]) > 0 then
+        redis.call('LSET', KEYS[2], -1, ARGV[2])
+    elseif redis.call('RPUSH', KEYS[2], ARGV[2]) > max_turns then
+        redis.call('LTRIM', KEYS[2], -max_turns, -1)
+    end
+    redis.call('PEXPIRE', KEYS[2], ARGV[4])
+    redis.call('LPUSH', KEYS[4], ARGV[1])
+    redis.call('LTRIM', KEYS[4], 0, 63)   -- SAVED_TOKENS - 1
+    redis.call('PEXPIRE', KEYS[4], ARGV[4])
+    for i = 7, #ARGV, 2 do
+        redis.call('HINCRBY', KEYS[5], ARGV[i], ARGV[i + 1])
+    end
+end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+while true do
+    local entry = redis.call('LPOP', KEYS[3])
+    if not entry then
+        redis.call('DEL', KEYS[1])
+        return 1
+    end
+    local token, ttl, deadline = string.match(entry, '^(%x+):(%d+):(%d+)$')
+    if token and token ~= ARGV[1] and tonumber(deadline) > now then
+        redis.call('SET', KEYS[1], token, 'PX', ttl)
+        local wake = KEYS[1] .. ':' .. token
+        redis.call('RPUSH', wake, '1')
+        redis.call('PEXPIRE', wake, ttl)
+        return 1
+    end
+end
+"""
+
+# Extends the lock, if it is still ours.
+#   KEYS[1] - lock
+#   ARGV[1] - our token, ARGV[2] - lock ttl (ms)
+# Returns 1 when extended, 0 when the lock was no longer ours.
+RENEW = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+"""
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(',', ':')).encode
+
+
+def acquire(store: 'ChatStore', keys: 'ChatKeys', token: str, *, window: int, ttl_ms: int, lock_wait: float,
+            clock: Callable[[], float], busy: Callable[[], ChatBusy]) -> tuple[bytes, int]:
+    """Take the chat's lock, waiting in line up to ``lock_wait`` s: (the window, our place or 0)."""
+    acquire_keys = (keys.lock, keys.turns, keys.queue, keys.seq)
+    wait_ms = int(lock_wait * 1000)
+    reply = store._script('acquire', acquire_keys, (token, ttl_ms, window, wait_ms, b''))
+    if reply[0] == 1:
+        return reply[1], 0
+    if wait_ms <= 0:
+        raise busy()
+    deadline = clock() + lock_wait
+    pttl, place, entry = reply[1], reply[2], reply[3]
+    while True:
+        remaining = deadline - clock()
+        if remaining <= 0:
+            _leave(store, keys, token, entry)
+            raise busy()
+        # Asleep for as long as the holder's lock has left: a dead holder is noticed when it expires.
+        timeout = min(remaining, BLOCK_CAP, pttl / 1000.0 if pttl > 0 else MIN_BLOCK if pttl == -2 else BLOCK_CAP)
+        store._block(keys.wake(token), max(timeout, MIN_BLOCK))
+        reply = store._script('acquire', acquire_keys, (token, ttl_ms, window, int(remaining * 1000) or 1, entry))
+        if reply[0] == 1:
+            return reply[1], place
+        pttl, entry = reply[1], reply[3]
+
+
+def _leave(store: 'ChatStore', keys: 'ChatKeys', token: str, entry: bytes) -> None:
+    """Give up our place; a lock handed to us at this instant goes on to the next in line."""
+    try:
+        store._finish(keys, (token, b'', 0, 0, b'', entry), durable=False)
+    except StoreError as exc:
+        logger.warning('Could not leave the queue of a busy chat; its entry lapses by itself: %s', exc)
 
 
 class ChatLock:
     """A held chat: its window in ``turns``, then exactly one ``save`` or ``release``."""
 
-    __slots__ = ('turns', 'lost', '_store', '_keys', '_token', '_ttl_ms', '_open')
+    __slots__ = ('turns', 'lost', 'place', '_store', '_keys', '_token', '_ttl_ms', '_open')
 
     def __init__(self, store: 'ChatStore', keys: 'ChatKeys', token: str, ttl_ms: int,
-                 turns: list[Turn]) -> None:
+                 turns: list[Turn], place: int = 0) -> None:
         self.turns = turns          # the window, oldest first
         self.lost = False           # set by the renewer when the lock is found taken
+        self.place = place          # this call's number in the chat's queue; 0 if it did not wait
         self._store = store
         self._keys = keys
         self._token = token
         self._ttl_ms = ttl_ms
         self._open = True           # save or release still has work to do
 
-    def save(self, turn: Turn, *, expiry: float, max_turns: int, replace_last: bool = False) -> None:
-        """Append ``turn`` (or put it in place of the last one), keep the last ``max_turns``,
-        expire in ``expiry`` s, unlock."""
+    def save(self, turn: Turn, *, expiry: float, max_turns: int, replace_last: bool = False,
+             counters: tuple[str, Mapping[str, int]] | None = None) -> None:
+        """Append ``turn`` (or replace the last, pending one), keep ``max_turns``, expire in ``expiry`` s, unlock.
+
+        ``counters`` - (a hash key in this chat's slot, see :meth:`ChatKeys.beside`,
+        {field: increment}) - are added in the same script, once per saved turn
+        (a re-sent save does not count twice). Raises :class:`LockLost`
+        (nothing written) when the lock was no longer ours, and
+        :class:`StoreError` when Redis failed or, with ``redis.replicas``, the
+        turn did not reach enough replicas.
+        """
         if not self._open:
             raise LockLost('This chat lock was already saved or released; begin a new call to save another turn')
         # From here on this lock must not be renewed, whatever the outcome.
@@ -93,19 +295,25 @@ class ChatLock:
             raise self._lost()
         # surrogatepass: a lone surrogate in a text is stored, not a crash; json.loads reads it back.
         data = _dumps(turn.to_dict()).encode('utf-8', 'surrogatepass')
-        saved = self._store._do_save(self._keys, self._token, data, max_turns, expiry, replace_last)
+        args = (self._token, data, max_turns, max(1, int(expiry * 1000)), b'1' if replace_last else b'0', b'')
+        extra_key = ()
+        if counters:
+            key, increments = counters
+            extra_key = (key,)
+            args += tuple(item for field, amount in increments.items() for item in (field, int(amount)))
+        result = self._store._finish(self._keys, args, durable=True, extra_key=extra_key)
         # A StoreError above leaves _open set, so release() still tries to unlock.
         self._open = False
-        if not saved:
+        if result == NOT_OURS:
             raise self._lost()
 
     def release(self) -> None:
-        """Unlock without saving and wake one waiter; a no-op once saved or released."""
+        """Unlock without saving and hand the chat to the next waiter; a no-op once saved or released."""
         if not self._open:
             return
         self._open = False
         self._store._held.pop(self._token, None)
-        self._store._do_release(self._keys, self._token)
+        self._store._finish(self._keys, (self._token, b'', 0, 0, b'0', b''), durable=False)
 
     def renewed(self) -> tuple:
         """What the renewer needs: (lock key, token, ttl in ms)."""
@@ -113,8 +321,8 @@ class ChatLock:
 
     def _lost(self) -> LockLost:
         return LockLost('The chat lock expired before the turn could be saved, so the turn was not saved and '
-                        'the history is as it was (was Redis unreachable or the process paused longer than '
-                        'lock_ttl?). Retry the call; raise lock_ttl if this repeats.')
+                        'the history is as it was (was Redis unreachable, failed over, or the process paused '
+                        'longer than lock_ttl?). Retry the call; raise lock_ttl if this repeats.')
 
     def __enter__(self) -> 'ChatLock':
         return self
@@ -133,62 +341,3 @@ class ChatLock:
     def __repr__(self) -> str:
         state = 'lost' if self.lost else 'held' if self._open else 'done'
         return f'<ChatLock {state} turns={len(self.turns)}>'
-
-
-class LockRenewer:
-    """Keeps every lock this store holds alive, from one daemon thread (a greenlet under gevent).
-
-    Registration is a dict set and a dict pop on the store's ``_held``; this
-    thread reads a snapshot of it every ``min ttl / 3`` and renews all locks
-    in one pipelined round trip.
-    """
-
-    def __init__(self, store: 'ChatStore') -> None:
-        self.min_ttl_ms = float('inf')
-        self._store = store
-        self._wakeup = threading.Event()
-        self._stopped = False
-        self._thread = threading.Thread(target=self._run, name='llmconn-lock-renewer', daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def shorten(self, ttl_ms: int) -> None:
-        """A lock with a shorter ttl than any before: renew more often, starting now."""
-        self.min_ttl_ms = ttl_ms
-        self._wakeup.set()
-
-    def stop(self) -> None:
-        self._stopped = True
-        self._wakeup.set()
-
-    def _interval(self) -> float:
-        if self.min_ttl_ms == float('inf'):
-            return IDLE_RENEW_INTERVAL
-        return self.min_ttl_ms / 1000.0 / RENEWALS_PER_TTL
-
-    def _run(self) -> None:
-        while True:
-            self._wakeup.wait(self._interval())
-            self._wakeup.clear()
-            if self._stopped:
-                return
-            held = list(self._store._held.values())
-            if not held:
-                continue
-            try:
-                self._renew(held)
-            except Exception as exc:    # the renewer must outlive any one failure
-                logger.warning('Could not renew %d chat lock(s), will retry in %.1f s: %s',
-                               len(held), self._interval(), exc)
-
-    def _renew(self, held: list[ChatLock]) -> None:
-        started = mod_time.monotonic()
-        results = self._store._do_renew([lock.renewed() for lock in held])
-        for lock, result in zip(held, results):
-            if result == 0:
-                lock.lost = True
-                self._store._held.pop(lock._token, None)
-            elif isinstance(result, Exception):
-                logger.warning('Could not renew a chat lock: %s', result)
-        logger.debug('Renewed %d chat lock(s) in %.1f ms', len(held), (mod_time.monotonic() - started) * 1000)

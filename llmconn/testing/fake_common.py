@@ -5,6 +5,9 @@ from the reply alone what the model was sent::
 
     echo: <last user text> | users: <n> | previous: <user text before the last, or -> | system: <yes|no>
 
+and a last user text starting with ``recall:`` adds `` | first: <the first user text>``, so a memory
+test can ask for what only the whole conversation holds.
+
 Token counts are whitespace-separated words: input = every input text
 (system + messages), output = the reply text. A handler returns a
 :class:`JSONAnswer` or a :class:`StreamAnswer`, or raises :class:`ApiError`
@@ -27,6 +30,8 @@ from typing import Any, Callable, Iterable, Mapping
 # Prefixes of the last user text that ask a fake for reasoning output.
 THINK_PREFIX = 'think:'
 REDACT_PREFIX = 'redact:'
+# A last user text starting with this asks the fake to repeat the conversation's first user text.
+RECALL_PREFIX = 'recall:'
 
 NO_PREVIOUS = '-'
 _WORD_CHUNK = re.compile(r'\S+\s*')
@@ -39,7 +44,10 @@ def reply_text(user_texts: list[str], has_system: bool) -> str:
     last = user_texts[-1] if user_texts else ''
     previous = user_texts[-2] if len(user_texts) > 1 else NO_PREVIOUS
     system = 'yes' if has_system else 'no'
-    return f'echo: {last} | users: {len(user_texts)} | previous: {previous} | system: {system}'
+    text = f'echo: {last} | users: {len(user_texts)} | previous: {previous} | system: {system}'
+    if last.startswith(RECALL_PREFIX):
+        text += f' | first: {user_texts[0]}'
+    return text
 
 
 def count_words(*texts: str) -> int:

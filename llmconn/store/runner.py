@@ -1,0 +1,206 @@
+"""How the chat store's commands reach Redis: one small protocol, one implementation per deployment.
+
+A chat call needs three things from Redis, and the lock module asks for
+nothing else: run a script (:meth:`Runner.script`), block on a list
+(:meth:`Runner.block`), and run a script followed by ``WAIT`` in one
+pipelined round trip (:meth:`Runner.script_and_wait`). Renewals pipeline
+many scripts (:meth:`Runner.scripts`).
+
+All of it is redis-py's own clients: ``redis.Redis`` for one node,
+``Sentinel(...).master_for(...)`` for a Sentinel-managed master (its pool
+finds the master again after a failover), ``redis.cluster.RedisCluster`` for
+a cluster (slot routing, MOVED/ASK, topology refresh). Scripts are
+redis-py ``Script`` objects, so a server that lost its script cache (a
+promoted replica, a restart, a resharded slot) gets the script loaded again
+(NOSCRIPT). Connection handling - health checks, fork safety, TLS, AUTH -
+stays redis-py's.
+
+Blocking waits run on a second client of the same kind whose socket timeout
+outlasts the longest wait, so a waiter never re-issues its BLPOP early and
+the hot path's connections are never tied up by waiters.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Protocol
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MovedError, NoScriptError
+
+from llmconn.store.lock import BLOCK_CAP
+
+# A blocked waiter's socket outlasts its longest BLPOP by this much.
+BLOCKING_SOCKET_MARGIN = 5.0
+
+
+class Runner(Protocol):
+    """What the chat store needs from a Redis deployment."""
+
+    client: Any         # the redis-py client, for everything off the hot path
+
+    def script(self, name: str, keys: tuple, args: tuple) -> Any:
+        """Run one of the store's scripts by name; NOSCRIPT reloads it."""
+
+    def scripts(self, name: str, calls: list[tuple[tuple, tuple]]) -> list:
+        """Run a script once per (keys, args) in pipelined round trips; results or exceptions, in order."""
+
+    def script_and_wait(self, name: str, keys: tuple, args: tuple, replicas: int, timeout_ms: int) -> tuple:
+        """Run a script, then ``WAIT replicas timeout_ms`` on the same node, in one round trip: (result, acks)."""
+
+    def block(self, key: str, timeout: float) -> Any:
+        """BLPOP one key for at most ``timeout`` s."""
+
+    def close(self) -> None:
+        """Drop every connection."""
+
+
+class RedisRunner:
+    """One Redis node, or a Sentinel-managed master: both are a ``redis.Redis`` with its own pool."""
+
+    def __init__(self, make: Callable[[float | None], Any], sources: dict[str, str],
+                 socket_timeout: float) -> None:
+        self.client = make(socket_timeout)
+        self._blocking = make(BLOCK_CAP + BLOCKING_SOCKET_MARGIN)
+        self._scripts = {name: self.client.register_script(src) for name, src in sources.items()}
+
+    def script(self, name: str, keys: tuple, args: tuple) -> Any:
+        return self._scripts[name](keys=keys, args=args)
+
+    def scripts(self, name: str, calls: list) -> list:
+        return _pipelined(self.client, self._scripts[name], calls)
+
+    def script_and_wait(self, name: str, keys: tuple, args: tuple, replicas: int, timeout_ms: int) -> tuple:
+        return _script_and_wait(self.client, self._scripts[name], keys, args, replicas, timeout_ms)
+
+    def block(self, key: str, timeout: float) -> Any:
+        return self._blocking.blpop([key], timeout)
+
+    def close(self) -> None:
+        for client in (self.client, self._blocking):
+            client.connection_pool.disconnect()
+
+
+class SentinelRunner(RedisRunner):
+    """A master found through Sentinel; after a failover its pool asks the sentinels again.
+
+    redis-py's ``SentinelManagedConnection`` turns a READONLY reply (the old
+    master, now a replica) into a connection error, so the one retry the
+    clients are built with lands on the new master. Everything else is
+    :class:`RedisRunner`'s.
+    """
+
+
+class ClusterRunner:
+    """A Redis Cluster through ``RedisCluster``, made on first use (its constructor reads the topology)."""
+
+    def __init__(self, make: Callable[[float | None], Any], sources: dict[str, str],
+                 socket_timeout: float) -> None:
+        self._make = make
+        self._socket_timeout = socket_timeout
+        self._sources = sources
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._blocking: Any = None
+        self._scripts: dict = {}
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    client = self._make(self._socket_timeout)
+                    self._scripts = {name: client.register_script(src) for name, src in self._sources.items()}
+                    self._client = client
+        return self._client
+
+    def _blocking_client(self) -> Any:
+        if self._blocking is None:
+            with self._lock:
+                if self._blocking is None:
+                    self._blocking = self._make(BLOCK_CAP + BLOCKING_SOCKET_MARGIN)
+        return self._blocking
+
+    def script(self, name: str, keys: tuple, args: tuple) -> Any:
+        client = self.client
+        return self._scripts[name](keys=keys, args=args, client=client)
+
+    def scripts(self, name: str, calls: list) -> list:
+        # A cluster pipeline refuses EVALSHA: one pipeline per node, on that node's own client.
+        client = self.client
+        by_node: dict[str, list[int]] = {}
+        nodes = {}
+        for i, (keys, _) in enumerate(calls):
+            node = client.get_node_from_key(keys[0])
+            nodes[node.name] = node
+            by_node.setdefault(node.name, []).append(i)
+        results: list = [None] * len(calls)
+        for name_, indexes in by_node.items():
+            try:
+                replies = _pipelined(client.get_redis_connection(nodes[name_]), self._scripts[name],
+                                     [calls[i] for i in indexes])
+            except Exception as exc:     # this node's locks fail this time; the others are renewed
+                replies = [exc] * len(indexes)
+            for i, reply in zip(indexes, replies):
+                results[i] = reply
+        return results
+
+    def script_and_wait(self, name: str, keys: tuple, args: tuple, replicas: int, timeout_ms: int) -> tuple:
+        # WAIT has no key: it must go to the node that ran the script, so both go to the slot's master
+        # on that node's own client. A moved slot or a dead node: refresh the topology, once more (the
+        # save script is idempotent by token, so sending it twice stores it once).
+        client = self.client
+        script = self._scripts[name]
+        for attempt in (1, 2):
+            node = client.get_redis_connection(client.get_node_from_key(keys[0]))
+            try:
+                return _script_and_wait(node, script, keys, args, replicas, timeout_ms)
+            except (MovedError, RedisConnectionError):
+                if attempt == 2:
+                    raise
+                client.nodes_manager.initialize()
+        raise AssertionError('unreachable')
+
+    def block(self, key: str, timeout: float) -> Any:
+        return self._blocking_client().blpop([key], timeout)
+
+    def close(self) -> None:
+        for client in (self._client, self._blocking):
+            if client is not None:
+                client.close()
+
+
+def _pipelined(client: Any, script: Any, calls: list) -> list:
+    """EVALSHA each call in one pipeline; calls that met NOSCRIPT run again one by one (loading it)."""
+    pipe = client.pipeline(transaction=False)
+    for keys, args in calls:
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
+    results = pipe.execute(raise_on_error=False)
+    for i, result in enumerate(results):
+        if isinstance(result, NoScriptError):
+            keys, args = calls[i]
+            try:
+                results[i] = script(keys=keys, args=args, client=client)
+            except Exception as exc:     # reported per call, like the pipeline's own errors
+                results[i] = exc
+    return results
+
+
+def _script_and_wait(client: Any, script: Any, keys: tuple, args: tuple, replicas: int, timeout_ms: int) -> tuple:
+    """EVALSHA + WAIT pipelined on one node's client. NOSCRIPT: load, and both once more (nothing ran)."""
+    for attempt in (1, 2):
+        pipe = client.pipeline(transaction=False)
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
+        pipe.execute_command('WAIT', replicas, timeout_ms)
+        result, acks = pipe.execute(raise_on_error=False)
+        if isinstance(result, NoScriptError) and attempt == 1:
+            script.sha = client.script_load(script.script)
+            continue
+        for reply in (result, acks):
+            if isinstance(reply, Exception):
+                raise reply
+        return result, acks
+    raise AssertionError('unreachable')
+
+
+__all__ = ['ClusterRunner', 'RedisRunner', 'Runner', 'SentinelRunner']

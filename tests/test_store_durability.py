@@ -1,0 +1,179 @@
+"""Exactly-once and durable saves: a lost reply, a missing replica (real Redis, a proxy that drops replies)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from llmconn.errors import LockLost, StoreError
+from llmconn.store import open_store
+from llmconn.types import Turn
+from llmconn.store.keys import chat_keys
+from redis_topology import DroppingProxy, Servers, free_ports, replica_online
+
+TTL = 5.0
+
+
+def turn(text: str) -> Turn:
+    return Turn(user=text, assistant='ok', ts=time.time())
+
+
+@pytest.fixture
+def proxy(redis_server):
+    proxy = DroppingProxy(redis_server.port)
+    yield proxy
+    proxy.close()
+
+
+def test_a_save_whose_reply_was_lost_is_reported_saved_and_stored_once(proxy, unique):
+    store = open_store(f'redis://127.0.0.1:{proxy.port}/0')
+    try:
+        store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(turn('before'), expiry=60,
+                                                                             max_turns=10)
+        lock = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+        proxy.drop_reply_to(b'DROP-THIS-REPLY')
+        lock.save(turn('DROP-THIS-REPLY'), expiry=60, max_turns=10)     # re-sent on a new connection
+        assert proxy.dropped == 1
+        assert [t.user for t in store.history(unique, 'c')] == ['before', 'DROP-THIS-REPLY']
+    finally:
+        store.close()
+
+
+def test_a_resent_save_is_recognised_after_another_call_saved_in_between(redis_url, unique):
+    store = open_store(redis_url)
+    try:
+        first = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+        args = (first._token, b'{"u":"first","a":"ok"}', 10, 60000, b'0', b'')
+        assert store._finish(first._keys, args, durable=True) == 1
+        store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(turn('second'), expiry=60,
+                                                                             max_turns=10)
+        assert store._finish(first._keys, args, durable=True) == 2       # the re-send: already saved
+        assert [t.user for t in store.history(unique, 'c')] == ['first', 'second']
+    finally:
+        store.close()
+
+
+def test_replace_last_overwrites_a_pending_turn(redis_url, unique):
+    store = open_store(redis_url)
+    try:
+        store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(turn('pending'), expiry=60,
+                                                                             max_turns=10)
+        store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(turn('answered'), expiry=60,
+                                                                             max_turns=10, replace_last=True)
+        assert [t.user for t in store.history(unique, 'c')] == ['answered']
+    finally:
+        store.close()
+
+
+def test_a_turn_no_replica_acknowledged_raises_store_error(redis_server, unique):
+    store = open_store(redis_server.url, replicas=1, replica_timeout=0.1)
+    try:
+        lock = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+        with pytest.raises(StoreError, match='may not survive a failover'):
+            lock.save(turn('lonely'), expiry=60, max_turns=10)
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def with_replica(tmp_path):
+    servers = Servers(tmp_path)
+    master, replica = free_ports(2)
+    try:
+        servers.start(master)
+        servers.start(replica, '--replicaof', '127.0.0.1', str(master))
+        deadline = time.monotonic() + 10
+        while not replica_online(master):
+            assert time.monotonic() < deadline, 'the replica never connected'
+            time.sleep(0.05)
+        yield master, replica
+    finally:
+        servers.stop()
+
+
+def test_with_a_replica_the_save_and_its_wait_are_one_round_trip(with_replica, unique, monkeypatch):
+    master, replica = with_replica
+    store = open_store(f'redis://127.0.0.1:{master}/0', replicas=1)
+    try:
+        store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(turn('warm'), expiry=60, max_turns=10)
+        sent = []
+        original = redis.connection.Connection.send_packed_command
+        monkeypatch.setattr(redis.connection.Connection, 'send_packed_command',
+                            lambda conn, command, check_health=True: sent.append(command) or original(conn, command,
+                                                                                                     check_health))
+        store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(turn('durable'), expiry=60,
+                                                                             max_turns=10)
+        monkeypatch.undo()
+        assert len(sent) == 2                       # ACQUIRE, then FINISH + WAIT pipelined
+        assert redis.Redis(port=replica).llen(chat_keys(unique, 'c').turns) == 2
+    finally:
+        store.close()
+
+
+def test_a_lock_lost_in_a_failover_fences_the_old_holders_save(tmp_path, unique):
+    """The master dies with the lock unreplicated; on the promoted replica B takes it; A's save writes nothing.
+
+    The replica follows the master through a proxy that stops passing data on (the write never
+    reaches it); clients reach "the master" through another proxy that is pointed at the
+    promoted replica, as a virtual IP or DNS name is after a failover.
+    """
+    servers = Servers(tmp_path)
+    master, replica = free_ports(2)
+    link = front = None
+    try:
+        servers.start(master)
+        link = DroppingProxy(master)
+        servers.start(replica, '--replicaof', '127.0.0.1', str(link.port))
+        deadline = time.monotonic() + 10
+        while not replica_online(master):
+            assert time.monotonic() < deadline, 'the replica never synced'
+            time.sleep(0.05)
+        front = DroppingProxy(master)
+        url = f'redis://127.0.0.1:{front.port}/0'
+        a, b = open_store(url), open_store(url, replicas=1, replica_timeout=0.2)
+        a.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(turn('replicated'), expiry=60,
+                                                                         max_turns=10)
+        deadline = time.monotonic() + 5
+        while redis.Redis(port=replica).llen(chat_keys(unique, 'c').turns) < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        link.frozen = True                                   # from here on nothing reaches the replica
+        held = a.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+        with pytest.raises(StoreError, match='may not survive a failover'):
+            # replicas: 1 refuses to report a turn only the master has
+            b.begin(unique, 'other', window=5, lock_ttl=TTL, lock_wait=TTL).save(turn('unacked'), expiry=60,
+                                                                                 max_turns=10)
+        servers.kill(master)                                 # the failover
+        redis.Redis(port=replica).replicaof('NO', 'ONE')
+        front.upstream = replica
+        front.cut()
+        fresh = a.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0)   # the lock did not survive
+        with pytest.raises(LockLost):
+            held.save(turn('stale holder'), expiry=60, max_turns=10)
+        fresh.save(turn('new holder'), expiry=60, max_turns=10)
+        assert [t.user for t in a.history(unique, 'c')] == ['replicated', 'new holder']
+        a.close()
+        b.close()
+    finally:
+        for proxy in (link, front):
+            if proxy:
+                proxy.close()
+        servers.stop()
+
+
+def test_counters_count_once_per_saved_turn_even_when_the_save_is_resent(proxy, unique):
+    store = open_store(f'redis://127.0.0.1:{proxy.port}/0')
+    try:
+        keys = chat_keys(unique, 'c')
+        ledger = keys.beside('usage')
+        store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(
+            turn('one'), expiry=60, max_turns=10, counters=(ledger, {'calls': 1, 'tokens': 7}))
+        proxy.drop_reply_to(b'DROP-THIS-REPLY')
+        store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(
+            turn('DROP-THIS-REPLY'), expiry=60, max_turns=10, counters=(ledger, {'calls': 1, 'tokens': 5}))
+        assert proxy.dropped == 1
+        assert store._runner.client.hgetall(ledger) == {b'calls': b'2', b'tokens': b'12'}
+    finally:
+        store.close()

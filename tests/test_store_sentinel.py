@@ -1,0 +1,92 @@
+"""The chat store through Sentinel (master, replica, three sentinels, started here): routing and failover."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from llmconn.errors import ChatBusy, StoreError
+from llmconn.store import chat_keys, open_store
+from llmconn.types import Turn
+from redis_topology import SentinelGroup
+from test_store_processes import CONTENDER, finish, spawn
+
+TTL = 5.0
+
+
+@pytest.fixture(scope='module')
+def group(tmp_path_factory):
+    group = SentinelGroup(tmp_path_factory.mktemp('sentinel'))
+    try:
+        yield group.start()
+    finally:
+        group.stop()
+
+
+@pytest.fixture
+def store(group):
+    store = open_store(group.url, replicas=1)
+    yield store
+    store.close()
+
+
+def say(store, conn: str, chat: str, text: str) -> None:
+    with store.begin(conn, chat, window=100, lock_ttl=TTL, lock_wait=TTL) as lock:
+        lock.save(Turn(user=text, assistant='ok', ts=time.time()), expiry=60, max_turns=1000)
+
+
+def test_calls_go_to_the_master_the_sentinels_name(group, store, unique):
+    say(store, unique, 'c', 'hello')
+    master = redis.Redis(port=group.current_master())
+    assert master.llen(chat_keys(unique, 'c').turns) == 1
+    assert [t.user for t in store.history(unique, 'c')] == ['hello']
+
+
+def test_twenty_concurrent_calls_on_one_chat_are_serialized(store, unique):
+    def call(i):
+        with store.begin(unique, 'shared', window=100, lock_ttl=TTL, lock_wait=30) as lock:
+            seen = len(lock.turns)
+            lock.save(Turn(user=f'{i} saw={seen}', assistant='ok'), expiry=60, max_turns=100)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert [int(t.user.split('saw=')[1]) for t in store.history(unique, 'shared')] == list(range(20))
+
+
+def test_processes_on_one_chat_are_serialized(group, store, unique):
+    workers = [spawn(CONTENDER, group.url, unique, '5') for _ in range(3)]
+    for worker in workers:
+        finish(worker)
+    assert [int(t.user.split('saw=')[1]) for t in store.history(unique, 'shared')] == list(range(15))
+
+
+def test_a_failover_mid_conversation(group, store, unique):
+    """SENTINEL FAILOVER while a waiter waits: calls fail cleanly or succeed, then succeed on the new master."""
+    for i in range(3):
+        say(store, unique, 'c', f'before {i}')
+    acknowledged = [f'before {i}' for i in range(3)]
+    old = group.current_master()
+    new = group.failover()
+    assert new != old
+    recovered = None
+    deadline = time.monotonic() + 20
+    i = 0
+    while time.monotonic() < deadline and len(acknowledged) < 6:
+        try:
+            say(store, unique, 'c', f'after {i}')       # NOSCRIPT on the promoted replica is handled
+            acknowledged.append(f'after {i}')
+            recovered = recovered or time.monotonic()
+        except (StoreError, ChatBusy):
+            time.sleep(0.1)
+        i += 1
+    assert recovered is not None, 'no call succeeded after the failover'
+    stored = [t.user for t in store.history(unique, 'c')]
+    assert len(stored) == len(set(stored))
+    assert [u for u in stored if u in acknowledged] == acknowledged
+    assert redis.Redis(port=new).llen(chat_keys(unique, 'c').turns) == len(stored)

@@ -1,0 +1,92 @@
+"""redis.url: every form read offline, the same at load and in `llmconn check`, passwords masked whole."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from llmconn import config as mod_config
+from llmconn.errors import ConfigError
+from llmconn.redact import mask_url
+from llmconn.store import open_store
+from llmconn.store.urls import CLUSTER, SENTINEL, SINGLE, parse_redis_url
+
+HOSTILE = 'p/a#s?s@w:rd'        # a password holding every character that splits a URL
+
+
+def test_cluster_url_lists_its_startup_nodes():
+    target = parse_redis_url('rediss+cluster://u:pw@h1:7000,h2:7001,[::1]:7002?ssl_cert_reqs=none')
+    assert (target.kind, target.tls, target.username, target.password) == (CLUSTER, True, 'u', 'pw')
+    assert target.hosts == (('h1', 7000), ('h2', 7001), ('::1', 7002))
+    assert target.options == {'ssl_cert_reqs': 'none'}
+
+
+def test_sentinel_url_names_master_and_db():
+    target = parse_redis_url('redis+sentinel://:pw@s1:26379,s2/mymaster/3')
+    assert (target.kind, target.master, target.db) == (SENTINEL, 'mymaster', 3)
+    assert target.hosts == (('s1', 26379), ('s2', 26379))
+
+
+@pytest.mark.parametrize('url, complaint', [
+    ('redis://h:notaport/0', 'port'),
+    ('redis://h:70000/0', 'port'),
+    ('redis+cluster://h1:1,h2:x', 'port'),
+    ('redis+cluster://h1:1/2', 'database 0'),
+    ('redis+sentinel://h1:1', 'master'),
+    ('redis+sentinel://h1:1/m/x', 'database'),
+    ('redis://h1:1,h2:2/0', 'one host'),
+    ('redis://h/0?bogus=1', 'unknown option'),
+    ('redis://h/0?socket_timeout=soon', 'float'),
+    ('http://h', 'not supported'),
+    ('redis+clutser://h', 'not supported'),
+])
+def test_bad_urls_are_refused_at_load_and_by_check(tmp_path, url, complaint):
+    with pytest.raises(ConfigError, match=complaint):
+        mod_config.load_dict({'redis': {'url': url}})
+    with pytest.raises(ConfigError, match=complaint):
+        open_store(url)
+    config = tmp_path / 'llm.yaml'
+    config.write_text(f'redis:\n  url: "{url}"\nllm: []\n')
+    check = subprocess.run([sys.executable, '-m', 'llmconn', 'check', str(config)], capture_output=True, text=True)
+    assert check.returncode != 0 and 'OK' not in check.stdout
+    assert complaint in check.stderr + check.stdout
+
+
+def test_a_password_with_url_delimiters_is_masked_whole():
+    for url in (f'redis://user:{HOSTILE}@host:6379/0', f'redis+cluster://:{HOSTILE}@h1:1,h2:2',
+                f'rediss+sentinel://u:{HOSTILE}@s1:1/m/0'):
+        shown = mask_url(url)
+        assert '***' in shown
+        for piece in ('p/a', 's?s', 'w:rd', '#s'):
+            assert piece not in shown, shown
+        assert parse_redis_url(url).password == HOSTILE
+        assert HOSTILE not in repr(parse_redis_url(url))
+
+
+def test_a_hostile_password_never_shows_in_check_reprs_or_load_errors(tmp_path):
+    url = f'redis://user:{HOSTILE}@host:6379/0'
+    conf = mod_config.load_dict({'redis': {'url': url}})
+    assert 'w:rd' not in repr(conf) and 'p/a' not in repr(conf.redis)
+    with pytest.raises(ConfigError) as info:
+        mod_config.load_dict({'redis': {'url': url + '?bogus=1'}})
+    assert 'w:rd' not in str(info.value) and 'p/a' not in str(info.value)
+    config = tmp_path / 'llm.yaml'
+    config.write_text(f'redis:\n  url: "{url}"\nllm: []\n')
+    check = subprocess.run([sys.executable, '-m', 'llmconn', 'check', str(config)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    assert 'w:rd' not in check.stdout and 'p/a' not in check.stdout and 'user:***@host' in check.stdout
+
+
+def test_replicas_are_validated():
+    assert mod_config.load_dict({'redis': {'url': 'redis://h/0', 'replicas': 1}}).redis.replicas == 1
+    with pytest.raises(ConfigError, match='replicas'):
+        mod_config.load_dict({'redis': {'url': 'redis://h/0', 'replicas': -1}})
+    with pytest.raises(ConfigError, match='memory'):
+        mod_config.load_dict({'redis': {'url': 'memory://', 'replicas': 1}})
+
+
+def test_unix_socket_url():
+    target = parse_redis_url('unix:///run/redis.sock?db=2')
+    assert (target.kind, target.path, target.db) == (SINGLE, '/run/redis.sock', 2)
