@@ -33,7 +33,7 @@ from llmconn.config import ConnectionConfig
 from llmconn.errors import InactiveConnection, InvalidInput, LLMError, ToolLoopLimit
 from llmconn.lifetime import Counted, InFlight
 from llmconn.providers import PROVIDERS
-from llmconn.providers.base import STREAM, SYSTEM
+from llmconn.providers.base import STREAM, SYSTEM, TOOLS
 from llmconn.skills import SkillCache
 from llmconn.text import clean
 from llmconn.transport import Transport
@@ -283,6 +283,9 @@ class Connection:
     def _check_tools(self, call: _Call, tools: Any) -> None:
         if tools is None:
             return
+        if TOOLS not in self.provider.capabilities:
+            raise InvalidInput(f'{self.name}: provider {self.conf.provider} does not support the capability '
+                               f'"{TOOLS}"; call it without tools=')
         if not isinstance(tools, (list, tuple)):
             raise InvalidInput('tools must be a list of callables or llmconn.Tool objects, e.g. tools=[get_order]')
         hosted = [t for t in tools if isinstance(t, dict)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from llmconn import InvalidInput, Tool
@@ -85,3 +87,14 @@ def test_a_pending_turn_knows_its_waiting_calls():
     call = {'kind': 'call', 'call_id': 'c1', 'name': 'n', 'arguments': {}}
     turn = Turn('q', '', items=(call,), tag='x')
     assert turn.pending == [call] and turn.steps() == [call]
+
+
+def test_tools_on_a_provider_without_them_are_refused_before_any_request(redis_url, provider, unique, open_registry):
+    templates = Path(__file__).resolve().parent.parent / 'etc' / 'templates'
+    conn = open_registry({'redis': {'url': redis_url}, 'llm': [{
+        'name': unique, 'provider': 'template', 'model': 'gpt-5-mini', 'address': provider.url + '/v1/responses',
+        'request_template_file': str(templates / 'openai-responses.request.j2'),
+        'response_template_file': str(templates / 'openai-responses.response.j2')}]})[unique]
+    with pytest.raises(InvalidInput, match='"tools"'):
+        conn.chat('hi', chat_id='c', tools=[add])
+    assert provider.requests == []

@@ -30,6 +30,7 @@ SYSTEM = 'system'
 THINKING = 'thinking'
 REASONING_REPLAY = 'reasoning_replay'
 STATEFUL = 'stateful'
+TOOLS = 'tools'
 
 # OpenAI's end-of-stream marker; some servers imitating other providers send it too.
 DONE_MARKER = '[DONE]'

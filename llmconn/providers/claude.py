@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator
 
 from llmconn import items as mod_items
 from llmconn.errors import InvalidInput
-from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, Provider
+from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, TOOLS, Provider
 from llmconn.providers.base import is_done_marker, json_event, nonempty
 from llmconn.types import Event, Reply, Request
 
@@ -51,7 +51,7 @@ class ClaudeProvider(Provider):
 
     name = 'claude'
     default_address = 'https://api.anthropic.com'
-    capabilities = frozenset({STREAM, SYSTEM, THINKING, REASONING_REPLAY})
+    capabilities = frozenset({STREAM, SYSTEM, THINKING, REASONING_REPLAY, TOOLS})
     reserved_params = frozenset({'model', 'messages', 'system', 'stream', 'thinking', 'tools'})
 
     @classmethod

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Iterator
 from urllib.parse import quote
 
 from llmconn import items as mod_items
-from llmconn.providers.base import SSE, STREAM, SYSTEM, Provider
+from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS, Provider
 from llmconn.providers.base import is_done_marker, json_event, nonempty
 from llmconn.types import Event, Reply, Request
 
@@ -51,7 +51,7 @@ class GeminiProvider(Provider):
 
     name = 'gemini'
     default_address = 'https://generativelanguage.googleapis.com/v1beta'
-    capabilities = frozenset({STREAM, SYSTEM})
+    capabilities = frozenset({STREAM, SYSTEM, TOOLS})
     json_answer_is_chunks = True       # streamGenerateContent without alt=sse: a JSON array of chunks
     reserved_params = frozenset({'contents', 'systemInstruction', 'system_instruction', 'tools'})
 

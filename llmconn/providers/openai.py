@@ -31,7 +31,7 @@ import re
 from typing import Any, Iterable, Iterator
 
 from llmconn import items as mod_items
-from llmconn.providers.base import SSE, STREAM, SYSTEM, Provider, is_done_marker
+from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS, Provider, is_done_marker
 from llmconn.providers.base import arguments_json, json_event, nonempty, parse_arguments
 from llmconn.types import Event, Reply, Request
 
@@ -49,7 +49,7 @@ class OpenAIProvider(Provider):
 
     name = 'openai'
     default_address = 'https://api.openai.com/v1'
-    capabilities = frozenset({STREAM, SYSTEM})
+    capabilities = frozenset({STREAM, SYSTEM, TOOLS})
     reserved_params = frozenset({'model', 'messages', 'stream', 'stream_options', 'n', 'tools'})
 
     def url(self, stream: bool = False) -> str:

@@ -37,7 +37,7 @@ from typing import Any, Iterable, Iterator
 
 from llmconn import items as mod_items
 from llmconn.errors import LLMError
-from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, Chain, Provider
+from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, TOOLS, Chain, Provider
 from llmconn.providers.base import arguments_json, forgot_previous, is_done_marker, json_event, nonempty
 from llmconn.providers.base import parse_arguments
 from llmconn.providers.openai import bearer_headers, error_text
@@ -61,7 +61,7 @@ class OpenAIResponsesProvider(Provider):
 
     name = 'openai-responses'
     default_address = 'https://api.openai.com/v1'
-    capabilities = frozenset({STREAM, SYSTEM, REASONING_REPLAY, STATEFUL})
+    capabilities = frozenset({STREAM, SYSTEM, REASONING_REPLAY, STATEFUL, TOOLS})
     reserved_params = frozenset({'model', 'input', 'instructions', 'stream', 'store', 'previous_response_id',
                                  'tools'})
 
