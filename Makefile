@@ -10,7 +10,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test bench check clean
+.PHONY: run test bench bench-gateway check clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/bench.py $(BENCH_ARGS)
+	$(PY) bench/usage_bench.py $(BENCH_ARGS)
+	$(PY) bench/bench_metrics.py $(BENCH_ARGS)
+
+bench-gateway: $(STAMP)
+	$(PY) bench/bench_gateway.py $(BENCH_ARGS)
 
 check: $(STAMP)
 	$(PY) -m llmconn check etc/llm.yaml

@@ -20,6 +20,8 @@ import os
 import sys
 from typing import Callable
 
+from llmconn import __version__
+from llmconn.cli_admin import add_admin_commands, check_connect
 from llmconn.errors import LLMConnError
 from llmconn.redact import mask_url
 
@@ -55,6 +57,7 @@ def _closed_pipe() -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog='llmconn', description='LLM connections for Zato-style services')
     parser.add_argument('-v', '--verbose', action='store_true', help='log at INFO level')
+    parser.add_argument('--version', action='version', version=f'llmconn {__version__}')
     # The same flag after the subcommand; SUPPRESS keeps it from resetting a -v given before it.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument('-v', '--verbose', action='store_true', default=argparse.SUPPRESS,
@@ -67,21 +70,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def add_check(sub, common: list) -> None:
     check = sub.add_parser('check', parents=common, help='validate a configuration file and list its connections')
-    check.add_argument('config', nargs='?', default=DEFAULT_CONFIG, help=CONFIG_HELP)
+    check.add_argument('config', nargs='?', default=None, help=CONFIG_HELP)
+    check.add_argument('--config', dest='config_flag', default=None, help='the same, as a flag')
+    check.add_argument('--connect', action='store_true', help='also reach the store and ping each active provider')
     check.set_defaults(func=cmd_check)
 
 
 def add_calls(sub, common: list) -> None:
-    for name, func, helptext in (('invoke', cmd_invoke, 'one-shot call to a connection'),
-                                 ('chat', cmd_chat, 'one chat call, continuing --chat-id')):
+    # chat (a conversation, or one message) is in llmconn/cli_admin.py
+    for name, func, helptext in (('invoke', cmd_invoke, 'one-shot call to a connection'),):
         p = sub.add_parser(name, parents=common, help=helptext)
         p.add_argument('name', help='the connection name, as in the configuration (llmconn check lists them)')
         p.add_argument('text', help='the user message')
         p.add_argument('--config', default=DEFAULT_CONFIG, help=CONFIG_HELP)
         p.add_argument('--skill', default='', help='a skill from skills_dir to use as the system prompt')
         p.add_argument('--json', action='store_true', help='print the whole result as JSON')
-        if name == 'chat':
-            p.add_argument('--chat-id', required=True, help='the conversation to continue (or start)')
         p.set_defaults(func=func)
 
 
@@ -110,11 +113,12 @@ def add_fake_provider(sub, common: list) -> None:
 
 
 # The subcommands, in the order --help lists them; append to add one.
-SUBCOMMANDS: list[Callable] = [add_check, add_calls, add_ping, add_serve, add_fake_provider]
+SUBCOMMANDS: list[Callable] = [add_check, add_calls, add_admin_commands, add_ping, add_serve, add_fake_provider]
 
 
 def cmd_check(args) -> int:
     from llmconn import config as mod_config
+    args.config = args.config_flag or args.config or DEFAULT_CONFIG
     conf = mod_config.load_file(args.config)
     print(f'{args.config}: OK, {len(conf.llm)} connection(s), store {mask_url(conf.redis.url)}, '
           f'skills in {conf.skills_path}')
@@ -123,15 +127,13 @@ def cmd_check(args) -> int:
         secret = 'secret set' if conn.secret_value else 'no secret'
         print(f'  {conn.name}: provider={conn.provider} model={conn.model} address={mask_url(conn.address)} '
               f'[{secret}]{state}')
+    if args.connect:
+        return check_connect(args.config)
     return 0
 
 
 def cmd_invoke(args) -> int:
     return _call(args, lambda conn: conn.invoke(args.text, skill=args.skill))
-
-
-def cmd_chat(args) -> int:
-    return _call(args, lambda conn: conn.chat(args.text, chat_id=args.chat_id, skill=args.skill))
 
 
 def _call(args, call) -> int:

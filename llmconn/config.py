@@ -10,16 +10,16 @@ as ``SecretStr`` so they never show in a repr.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-import yaml
 from pydantic import (BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
 from llmconn.errors import ConfigError
+from llmconn.gateway.keys import GatewayConfig
 from llmconn.redact import mask_url
+from llmconn.yamlfile import NoAliasLoader, expand_env, parse_yaml  # noqa: F401 - part of this module's API
 
 # Zato's defaults, so a Zato author finds the same behaviour here.
 DEFAULT_POOL_SIZE = 50
@@ -45,9 +45,6 @@ DEFAULT_REPLICA_TIMEOUT = 1.0   # seconds a save waits for redis.replicas acknow
 # Keys only provider: template reads; elsewhere they are refused rather than ignored.
 TEMPLATE_KEYS = ('request_template', 'response_template', 'request_template_file', 'response_template_file',
                  'headers', 'method')
-
-_env_pattern = re.compile(r'\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}')
-_zato_env_pattern = re.compile(r'^Zato_Enmasse_Env\.([A-Za-z_][A-Za-z0-9_]*)$')
 
 
 class _Frozen(BaseModel):
@@ -234,10 +231,16 @@ class Config(_Frozen):
     redis: RedisConfig = RedisConfig()
     skills_dir: str = 'skills'
     server: ServerConfig = ServerConfig()
+    gateway: GatewayConfig = GatewayConfig()     # the OpenAI-compatible routes, see llmconn.gateway
     llm: tuple[ConnectionConfig, ...] = ()
     # Where the file lives; relative paths (skills_dir) resolve against it.
     base_dir: Path = Path('.')
     source: str = '<dict>'
+
+    @model_validator(mode='after')
+    def _gateway_models(self) -> 'Config':
+        self.gateway.check_models({conn.name for conn in self.llm})
+        return self
 
     @property
     def skills_path(self) -> Path:
@@ -248,30 +251,6 @@ class Config(_Frozen):
         """The files this configuration read besides itself (template files), for a watcher."""
         return tuple((self.base_dir / name).resolve() for conn in self.llm
                      for name in (conn.request_template_file, conn.response_template_file) if name)
-
-
-def expand_env(value: Any, where: str, environ: Mapping[str, str]) -> Any:
-    """Expand environment references in every string of a loaded YAML tree."""
-    if isinstance(value, dict):
-        return {k: expand_env(v, f'{where}.{k}' if where else str(k), environ) for k, v in value.items()}
-    if isinstance(value, list):
-        return [expand_env(v, f'{where}[{i}]', environ) for i, v in enumerate(value)]
-    if not isinstance(value, str):
-        return value
-    zato = _zato_env_pattern.match(value)
-    if zato:
-        value = '${' + zato.group(1) + '}'
-
-    def substitute(match: re.Match) -> str:
-        name, default = match.group(1), match.group(2)
-        if name in environ:
-            return environ[name]
-        if default is not None:
-            return default
-        raise ConfigError(f'environment variable {name} is not set ({where}); export it or write '
-                          f'${{{name}:-default}} to give a default')
-
-    return _env_pattern.sub(substitute, value)
 
 
 def infer_provider(model: str) -> str:
@@ -290,41 +269,10 @@ def load_file(path: str | os.PathLike, environ: Mapping[str, str] | None = None)
         text = path.read_text(encoding='utf-8')
     except OSError as e:
         raise ConfigError(f'{path}: cannot read the configuration file ({e.strerror})') from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f'{path}: not UTF-8 text (byte {e.start}); save the file as UTF-8') from None
     data = parse_yaml(text, str(path))
     return load_dict(data, base_dir=path.parent, source=str(path), environ=environ)
-
-
-class NoAliasLoader(yaml.SafeLoader):
-    """SafeLoader refusing aliases as it meets them, before anything is built or walked.
-
-    Eight levels of ``*alias`` made a 549-byte file expand into gigabytes
-    ("billion laughs"). A configuration has no need of them, so the first
-    alias is an error; anchors alone are harmless and ignored.
-    """
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
-            raise ConfigError(f'line {mark.line + 1}: YAML aliases (*name, <<: *name) are not allowed in a '
-                              f'configuration: they let a small file expand without bound; write the values out')
-        return super().compose_node(parent, index)
-
-
-def parse_yaml(text: str, source: str) -> Any:
-    """The YAML document in ``text``; any problem is a ConfigError naming ``source``.
-
-    A syntax error says where and what, but never quotes the line: it may hold a secret.
-    """
-    try:
-        return yaml.load(text, Loader=NoAliasLoader) or {}
-    except ConfigError as e:
-        raise ConfigError(f'{source}: {e}') from None
-    except yaml.MarkedYAMLError as e:
-        where = f' at line {e.problem_mark.line + 1}, column {e.problem_mark.column + 1}' if e.problem_mark else ''
-        what = '; '.join(str(x) for x in (e.context, e.problem) if x)
-        raise ConfigError(f'{source}: not valid YAML{where}: {what}; fix the syntax there') from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f'{source}: not valid YAML ({type(e).__name__}); fix the syntax') from None
 
 
 def load_dict(data: Any, base_dir: str | os.PathLike = '.', source: str = '<dict>',
@@ -333,10 +281,10 @@ def load_dict(data: Any, base_dir: str | os.PathLike = '.', source: str = '<dict
     environ = os.environ if environ is None else environ
     if not isinstance(data, dict):
         raise ConfigError(f'{source}: the top level must be a mapping with keys redis, skills_dir, llm')
-    unknown = set(data) - {'redis', 'skills_dir', 'server', 'llm'}
+    unknown = set(data) - {'redis', 'skills_dir', 'server', 'gateway', 'llm'}
     if unknown:
         raise ConfigError(f'{source}: unknown top-level key(s) {", ".join(sorted(map(str, unknown)))}; '
-                          f'valid keys are redis, skills_dir, server, llm')
+                          f'valid keys are redis, skills_dir, server, gateway, llm')
     raw_conns = data.get('llm') or []
     if not isinstance(raw_conns, list):
         raise ConfigError(f'{source}: "llm" must be a list of connections')

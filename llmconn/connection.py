@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 from llmconn import items as mod_items
 from llmconn import tools as mod_tools
+from llmconn import observe
 from llmconn.checks import MAX_CHAT_ID_CHARS, MAX_TEXT_CHARS, check_params, check_skill  # noqa: F401
 from llmconn.checks import check_chat_id as _check_chat_id
 from llmconn.checks import check_text as _check_text
@@ -39,6 +40,7 @@ from llmconn.text import clean
 from llmconn.transport import Transport
 from llmconn.tool_loop import TurnLoop, check_outputs, check_pending, public_call
 from llmconn.types import Event, Reply, Request, Turn
+from llmconn.usage import NO_LEDGER
 
 PING_TEXT = 'ping'              # what ping() asks a server that has no model list
 
@@ -61,7 +63,8 @@ class _Call:
 class Connection:
     """A named provider connection with its HTTP pool and access to the chat store."""
 
-    def __init__(self, conf: ConnectionConfig, store, skills: SkillCache, transport: Transport | None = None) -> None:
+    def __init__(self, conf: ConnectionConfig, store, skills: SkillCache, transport: Transport | None = None,
+                 usage=None) -> None:
         self.conf = conf
         self.name = conf.name
         self.provider = PROVIDERS[conf.provider](conf)
@@ -71,6 +74,7 @@ class Connection:
                                                 max_retries=conf.max_retries, secret=conf.secret_value,
                                                 address=conf.address, stream_timeout=conf.stream_timeout)
         self._headers = self.provider.headers()
+        self.usage = usage or NO_LEDGER      # counts every call, see llmconn.usage
         self.calls = InFlight()         # running calls: a connection a reload replaced closes after the last
         self.closed = False
 
@@ -119,7 +123,7 @@ class Connection:
         except LLMError as e:
             if e.status not in (404, 405):
                 raise
-        self._drain(self._pipeline(_Call(PING_TEXT, '', '', {}, False)))
+        self._drain(self._pipeline(_Call(PING_TEXT, '', '', {}, False), NO_LEDGER.call(self.name, self.conf.model)))
         return True
 
     def history(self, chat_id: str) -> list[dict]:
@@ -169,9 +173,10 @@ class Connection:
         check_params(params, self.provider.reserved_params)
         call = _Call(text, chat_id, self._system(skill), params, stream, outputs=outputs)
         self._check_tools(call, tools)
-        return Counted(self._pipeline(call), self.calls)
+        tally = self.usage.call(self.name, self.conf.model)
+        return Counted(observe.call(self.name, tally.track(self._pipeline(call, tally))), self.calls)
 
-    def _pipeline(self, call: _Call) -> Iterator[Event]:
+    def _pipeline(self, call: _Call, tally) -> Iterator[Event]:
         if not call.chat_id:
             turn = yield from self._turn(call, [], None)
             yield Event('done', result=turn.result)
@@ -185,11 +190,14 @@ class Connection:
             pending = window.pop() if window and window[-1].pending else None
             check_pending(pending, call)
             turn = yield from self._turn(call, window, pending)
+            result = turn.result
             lock.save(Turn(user=pending.user if pending else call.text, assistant=turn.text,
                            items=turn.stored_items(), tag=self.provider.tag if turn.stored_items() else '',
                            state=turn.state, ts=mod_time.time(), meta=turn.last.meta),
-                      expiry=conf.chat_expiry, max_turns=conf.max_stored_turns, replace_last=pending is not None)
-            yield Event('done', result=turn.result)
+                      expiry=conf.chat_expiry, max_turns=conf.max_stored_turns, replace_last=pending is not None,
+                      counters=tally.save_entry(self.name, call.chat_id, result))
+            tally.saved()
+            yield Event('done', result=result)
 
     def _turn(self, call: _Call, window: list[Turn], pending: Turn | None) -> Iterator[Event]:
         """The tool loop: call, parse, run the tools the model asked for, until it answers."""

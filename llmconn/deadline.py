@@ -31,6 +31,7 @@ import socket
 import threading
 import time as mod_time
 
+from requests.adapters import HTTPAdapter
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 _current: contextvars.ContextVar['Deadline | None'] = contextvars.ContextVar('llmconn_deadline', default=None)
@@ -144,6 +145,15 @@ _dog: _Watchdog | None = None
 _dog_lock = threading.Lock()
 
 
+def _forget_in_child() -> None:
+    # A forked worker has no watchdog thread, and the lock may have been held mid-fork.
+    global _dog, _dog_lock
+    _dog, _dog_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _watchdog() -> _Watchdog:
     """The process's watchdog, started on first use (and again in a forked child)."""
     global _dog
@@ -176,3 +186,16 @@ class WatchedHTTPSPool(_Watched, HTTPSConnectionPool):
 
 
 WATCHED_POOLS = {'http': WatchedHTTPPool, 'https': WatchedHTTPSPool}
+
+
+class WatchedAdapter(HTTPAdapter):
+    """A requests adapter whose pools record their connections on the active :class:`Deadline`."""
+
+    def init_poolmanager(self, *args, **kwargs) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = WATCHED_POOLS
+
+    def proxy_manager_for(self, proxy, **kwargs):
+        manager = super().proxy_manager_for(proxy, **kwargs)
+        manager.pool_classes_by_scheme = WATCHED_POOLS
+        return manager

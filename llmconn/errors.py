@@ -91,3 +91,18 @@ class ServiceError(LLMConnError):
 
 class ToolLoopLimit(LLMConnError):
     """The model kept asking for tools past ``max_tool_rounds`` provider calls; nothing was saved."""
+
+
+class GatewayError(LLMConnError):
+    """A gateway request refused with an OpenAI-shaped error: ``status``, ``type``, ``param``, ``code``."""
+
+    def __init__(self, message: str, status: int = 400, *, type: str = 'invalid_request_error',
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {'error': {'message': str(self), 'type': self.type, 'param': self.param, 'code': self.code}}

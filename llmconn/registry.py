@@ -30,6 +30,7 @@ from llmconn.errors import ConfigError, UnknownConnection
 from llmconn.lifetime import CloseAfter
 from llmconn.skills import SkillCache
 from llmconn.store import open_store
+from llmconn.usage import UsageLedger
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,11 @@ class Registry:
         return self._state.store
 
     @property
+    def usage(self) -> UsageLedger:
+        """The usage ledger every connection of this registry counts into."""
+        return self._state.usage
+
+    @property
     def skills(self) -> SkillCache:
         return self._state.skills
 
@@ -100,7 +106,7 @@ class Registry:
         replaced = [conn for conn in old.connections.values() if id(conn) not in kept]
         if old.store is not new.store:
             # Every connection of the old store is replaced (none is carried over to another store).
-            store_done = CloseAfter(len(replaced), old.store.close)
+            store_done = CloseAfter(len(replaced), old.close_store)
             for conn in replaced:
                 conn.retire(then=store_done.done)
         else:
@@ -112,15 +118,17 @@ class Registry:
         state = self._state
         for conn in state.connections.values():
             conn.close()
+        state.usage.close()      # writes the usage counted in this process
         state.store.close()
 
     @staticmethod
     def _build(conf: Config, previous: '_State | None') -> '_State':
         if previous is not None and previous.config.redis == conf.redis:
-            store = previous.store
+            store, usage = previous.store, previous.usage
         else:
             store = open_store(conf.redis.url, replicas=conf.redis.replicas,
                                replica_timeout=conf.redis.replica_timeout)
+            usage = UsageLedger(store)
         if previous is not None and previous.skills.directory == conf.skills_path:
             skills = previous.skills     # it notices edited skill files by itself
         else:
@@ -131,17 +139,24 @@ class Registry:
             if old is not None and old.conf == conn_conf and old.store is store and old.skills is skills:
                 connections[conn_conf.name] = old
             else:
-                connections[conn_conf.name] = Connection(conn_conf, store, skills)
-        return _State(conf, store, skills, connections)
+                connections[conn_conf.name] = Connection(conn_conf, store, skills, usage=usage)
+        return _State(conf, store, skills, connections, usage)
 
 
 class _State:
     """One consistent generation of a registry; replaced whole on reload."""
 
-    __slots__ = ('config', 'store', 'skills', 'connections')
+    __slots__ = ('config', 'store', 'skills', 'connections', 'usage')
 
-    def __init__(self, config: Config, store: Any, skills: SkillCache, connections: dict) -> None:
+    def __init__(self, config: Config, store: Any, skills: SkillCache, connections: dict,
+                 usage: Any = None) -> None:
+        self.usage = usage
         self.config = config
         self.store = store
         self.skills = skills
         self.connections = connections
+
+    def close_store(self) -> None:
+        """Write what this generation's calls counted, then close its store (once its last call ended)."""
+        self.usage.close()
+        self.store.close()

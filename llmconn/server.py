@@ -63,6 +63,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              f'(default {DEFAULT_MAX_CONNECTIONS}, fewer if the descriptor limit is lower)')
     parser.add_argument('--log-level', default='INFO', choices=['DEBUG', 'INFO', 'WARNING', 'ERROR'],
                         help='server log level (default INFO)')
+    parser.add_argument('--log-format', default='text', choices=['text', 'json'],
+                        help='text lines, or one JSON object per line (default text); see llmconn.logs')
+    parser.add_argument('--metrics', default=True, action=argparse.BooleanOptionalAction,
+                        help='count and serve Prometheus metrics at GET /metrics (default on); see llmconn.metrics')
     # Internal: set on the workers of --workers N so they can share one port.
     parser.add_argument('--reuse-port', action='store_true', help=argparse.SUPPRESS)
 
@@ -160,20 +164,22 @@ def _serve(args: argparse.Namespace) -> int:
     from gevent.pool import Pool
     from gevent.pywsgi import WSGIServer
 
+    from llmconn import logs, observe
     from llmconn.host import Host
     from llmconn.errors import ConfigError
     from llmconn.server_limits import Limits, default_max_connections, handler_class
     from llmconn.wsgi import App
 
-    # force: the CLI configured logging for its own use before the flags of serve were known.
-    logging.basicConfig(level=args.log_level, format='%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s',
-                        force=True)
+    # Replaces what the CLI configured for its own use before the flags of serve were known.
+    logs.configure(args.log_format, args.log_level)
+    observe.install_server(metrics=args.metrics, shared=args.reuse_port)
     try:
         host = Host.from_paths(args.config, args.services)
         listener = listen(args.host, args.port, reuse_port=args.reuse_port)
     except (ConfigError, OSError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 1
+    logs.hide_secrets(host.registry)
     host.start()
     app = App(host)
     limits = Limits(args.idle_timeout, args.max_connections or default_max_connections())
@@ -236,5 +242,21 @@ def listen(host: str, port: int, reuse_port: bool = False):
 
 
 def _supervise(args: argparse.Namespace) -> int:
+    from llmconn import logs
     from llmconn.supervisor import supervise
-    return supervise(serve_command(worker_argv(args)), args.workers)
+    logs.configure(args.log_format, args.log_level)
+    shared = _metrics_dir(args)
+    try:
+        return supervise(serve_command(worker_argv(args)), args.workers, env=shared.env() if shared else None,
+                         on_exit=shared.worker_exited if shared else None)
+    finally:
+        if shared:
+            shared.remove()
+
+
+def _metrics_dir(args: argparse.Namespace):
+    """The workers' shared metrics directory (see llmconn.metrics), or None with --no-metrics."""
+    if not args.metrics:
+        return None
+    from llmconn.metrics import MultiprocessDir
+    return MultiprocessDir()

@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from llmconn.config import NoAliasLoader
 from llmconn.errors import ConfigError, InvalidInput
+from llmconn.yamlfile import NoAliasLoader
 
 SKILL_FILE_NAME = 'SKILL.md'
 _bare_name = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$')

@@ -12,10 +12,13 @@ all workers and exits with its code.
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
-import sys
 import time as mod_time
+from typing import Callable
+
+logger = logging.getLogger('llmconn.server')
 
 SUPERVISE_POLL = 0.2              # how often the supervisor looks at its workers
 RESPAWN_DELAY = 1.0               # a worker that died is restarted after this long, doubled while it
@@ -23,9 +26,13 @@ RESPAWN_DELAY_MAX = 30.0          # keeps dying soon after starting, up to this
 STARTUP_WINDOW = 5.0              # a worker exiting with an error this soon after starting cannot start
 
 
-def supervise(command: list[str], count: int) -> int:
-    """Run ``count`` workers of ``command`` until SIGTERM/SIGINT, which they are sent; the exit code."""
-    workers = [_Worker(command) for _ in range(count)]
+def supervise(command: list[str], count: int, env: dict | None = None,
+              on_exit: Callable[[int], None] | None = None) -> int:
+    """Run ``count`` workers of ``command`` until SIGTERM/SIGINT, which they are sent; the exit code.
+
+    ``env``: the workers' environment; ``on_exit(pid)``: told of each worker that died (the metrics).
+    """
+    workers = [_Worker(command, env, on_exit) for _ in range(count)]
     stopping = False
 
     def stop_all(signum=None, frame=None) -> None:
@@ -41,8 +48,7 @@ def supervise(command: list[str], count: int) -> int:
         mod_time.sleep(SUPERVISE_POLL)
         for worker in workers if not stopping else ():
             if worker.cannot_start():
-                print(f'error: worker {worker.proc.pid} could not start (exit code {worker.proc.returncode})',
-                      file=sys.stderr)
+                logger.error('worker %d could not start (exit code %s)', worker.proc.pid, worker.proc.returncode)
                 failed = worker.proc.returncode or 1
                 stop_all()
                 break
@@ -53,14 +59,17 @@ def supervise(command: list[str], count: int) -> int:
 class _Worker:
     """One worker process of the supervisor, restarted when it dies (later and later while it keeps dying)."""
 
-    def __init__(self, command: list[str]) -> None:
+    def __init__(self, command: list[str], env: dict | None = None,
+                 on_exit: Callable[[int], None] | None = None) -> None:
         self.command = command
+        self.env = env
+        self.on_exit = on_exit
         self.delay = RESPAWN_DELAY / 2     # doubled on the first quick death
         self.respawn_at = 0.0
         self._start()
 
     def _start(self) -> None:
-        self.proc = subprocess.Popen(self.command)
+        self.proc = subprocess.Popen(self.command, env=self.env)
         self.started = mod_time.monotonic()
 
     @property
@@ -85,8 +94,10 @@ class _Worker:
             quick = now - self.started < STARTUP_WINDOW
             self.delay = min(self.delay * 2, RESPAWN_DELAY_MAX) if quick else RESPAWN_DELAY
             self.respawn_at = now + self.delay
-            print(f'worker {self.proc.pid} exited with {self.proc.returncode}; restarting it in {self.delay:g}s',
-                  file=sys.stderr)
+            logger.warning('worker %d exited with %s; restarting it in %gs', self.proc.pid, self.proc.returncode,
+                           self.delay)
+            if self.on_exit is not None:
+                self.on_exit(self.proc.pid)
         elif now >= self.respawn_at:
             self.respawn_at = 0.0
             self._start()

@@ -29,7 +29,6 @@ an event stream as an :class:`~llmconn.sse.EventStream`.
 
 from __future__ import annotations
 
-import email.utils
 import json
 import logging
 import os
@@ -38,9 +37,10 @@ import time as mod_time
 from typing import Any, Iterator
 
 import requests
-from requests.adapters import HTTPAdapter
 
-from llmconn.deadline import WATCHED_POOLS, Deadline
+from llmconn import observe
+from llmconn.answers import parse_retry_after, provider_message
+from llmconn.deadline import Deadline, WatchedAdapter
 from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
 from llmconn.redact import scrub
 from llmconn.sse import SSE, EventStream, JSONBody, decode_json, iter_sse, sniff
@@ -71,7 +71,7 @@ class Transport:
         self._secret = secret
         self.sleep = sleep or mod_time.sleep
         self.session = session or requests.Session()
-        adapter = _WatchedAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
+        adapter = WatchedAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
         self.session.mount('http://', adapter)
         self.session.mount('https://', adapter)
         if address:
@@ -191,45 +191,57 @@ class Transport:
         data = None if body is None else _encode(body)
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
+            started = mod_time.perf_counter()
             try:
                 with deadline.watching():
                     response = self.session.send(self._prepare(method, url, headers, data),
                                                  timeout=self._socket_timeout(deadline), stream=stream)
             except requests.RequestException as e:
-                self._raise_if_expired(deadline)
-                if isinstance(e, requests.Timeout) and not isinstance(e, requests.ConnectTimeout):
-                    raise LLMTimeout(self._redact(f'{self.name}: no answer from the provider within '
-                                                  f'{self.timeout[1]:g} s; raise "timeout" or check the provider'),
-                                     connection=self.name) from None
-                wait = self._backoff(attempt)
-                if isinstance(e, requests.ConnectionError) and not last and wait < deadline.remaining():
-                    self.sleep(wait)
-                    continue
-                if isinstance(e, requests.Timeout):
-                    raise LLMTimeout(self._redact(f'{self.name}: could not connect to the provider in time; '
-                                                  f'check "address" and that the provider is up'),
-                                     connection=self.name) from None
-                raise self._error(f'cannot reach the provider ({type(e).__name__}); check "address" '
-                                  f'and that the provider is up') from None
+                observe.provider_call(self.name, 'timeout' if deadline.fired or isinstance(e, requests.Timeout)
+                                      else 'unreachable', started, attempt)
+                self.sleep(self._unsent_wait(e, attempt, last, deadline))
+                continue
+            observe.provider_call(self.name, response.status_code, started, attempt)
             if response.status_code < 400:
                 return response
             wait = self._retry_wait(response, attempt)
             if wait is None or last or wait >= deadline.remaining():
                 if answer_errors:
                     return response
-                try:
-                    error = self._status_error(response)
-                except requests.RequestException as e:
-                    self._raise_if_expired(deadline)
-                    raise self._error(f'the error answer broke before it was complete ({type(e).__name__}); '
-                                      f'try again', status=response.status_code) from None
-                self._raise_if_expired(deadline)
-                raise error
+                raise self._refusal(response, deadline)
             logger.info('%s: provider answered %s, retrying in %.2f s (attempt %d of %d)', self.name,
                         response.status_code, wait, attempt + 2, self.max_retries + 1)
             response.close()
             self.sleep(wait)
         raise AssertionError('unreachable')
+
+    def _unsent_wait(self, e: requests.RequestException, attempt: int, last: bool, deadline: Deadline) -> float:
+        """How long to wait before retrying a request that got no answer; raises when it must not be."""
+        self._raise_if_expired(deadline)
+        if isinstance(e, requests.Timeout) and not isinstance(e, requests.ConnectTimeout):
+            raise LLMTimeout(self._redact(f'{self.name}: no answer from the provider within '
+                                          f'{self.timeout[1]:g} s; raise "timeout" or check the provider'),
+                             connection=self.name) from None
+        wait = self._backoff(attempt)
+        if isinstance(e, requests.ConnectionError) and not last and wait < deadline.remaining():
+            return wait
+        if isinstance(e, requests.Timeout):
+            raise LLMTimeout(self._redact(f'{self.name}: could not connect to the provider in time; '
+                                          f'check "address" and that the provider is up'),
+                             connection=self.name) from None
+        raise self._error(f'cannot reach the provider ({type(e).__name__}); check "address" '
+                          f'and that the provider is up') from None
+
+    def _refusal(self, response, deadline: Deadline) -> LLMError:
+        """The error for an answer that will not be retried (its body read within the deadline)."""
+        try:
+            error = self._status_error(response)
+        except requests.RequestException as e:
+            self._raise_if_expired(deadline)
+            return self._error(f'the error answer broke before it was complete ({type(e).__name__}); '
+                               f'try again', status=response.status_code)
+        self._raise_if_expired(deadline)
+        return error
 
     def _socket_timeout(self, deadline: Deadline) -> tuple[float, float]:
         """Per-socket-operation timeouts, never beyond what is left of the deadline."""
@@ -314,19 +326,6 @@ class Transport:
         return scrub(value, self._secret)
 
 
-class _WatchedAdapter(HTTPAdapter):
-    """An adapter whose pools record their connections on the active :class:`Deadline`."""
-
-    def init_poolmanager(self, *args, **kwargs) -> None:
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = WATCHED_POOLS
-
-    def proxy_manager_for(self, proxy, **kwargs):
-        manager = super().proxy_manager_for(proxy, **kwargs)
-        manager.pool_classes_by_scheme = WATCHED_POOLS
-        return manager
-
-
 def read_environment_once(session: requests.Session, address: str) -> None:
     """Settle proxy and CA-bundle settings from the environment now, not on every request.
 
@@ -339,28 +338,6 @@ def read_environment_once(session: requests.Session, address: str) -> None:
     if bundle:
         session.verify = bundle
     session.trust_env = False
-
-
-def parse_retry_after(headers) -> float | None:
-    """Seconds from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date), if given."""
-    value = headers.get('retry-after-ms')
-    if value:
-        try:
-            return max(0.0, float(value) / 1000)
-        except ValueError:
-            pass
-    value = headers.get('retry-after')
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - mod_time.time())
 
 
 def _encode(body: dict) -> bytes:
@@ -379,22 +356,3 @@ def _encode(body: dict) -> bytes:
 
 def _text(raw: bytes) -> str:
     return raw.decode('utf-8', errors='replace')
-
-
-def provider_message(body: Any) -> str:
-    """The human message inside any provider's error body, with its kind (``overloaded_error``, ...)."""
-    if isinstance(body, list) and body:
-        body = body[0]      # Gemini's streaming endpoint wraps its error in an array
-    if isinstance(body, dict):
-        error = body.get('error', body)
-        if isinstance(error, dict):
-            message = str(error.get('message') or '')[:500]
-            kind = error.get('type') or error.get('status') or error.get('code')
-            return f'{message} ({kind})' if message and isinstance(kind, str) and kind else message
-        if isinstance(error, str):
-            return error[:500]
-    if isinstance(body, str):
-        return ' '.join(body.split())[:200]
-    return ''
-
-

@@ -27,6 +27,7 @@ import json
 import logging
 import time as mod_time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterable, Iterator
 
 from gevent import GreenletExit, Timeout
@@ -34,6 +35,8 @@ from gevent import GreenletExit, Timeout
 from llmconn.responses import (CHAT_BUSY_RETRY_AFTER, HTTPFailure, InvalidResponse, check_response,  # noqa: F401
                                classify, encode_event, encode_response, error_response, json_response,
                                sse_response, status_line)
+from llmconn import admin_page
+from llmconn import logs, observe
 from llmconn.service import new_cid, run
 
 logger = logging.getLogger('llmconn.server')
@@ -62,8 +65,8 @@ class App:
 
     def __call__(self, environ: dict, start_response) -> Iterable[bytes]:
         cid = new_cid()
-        started = mod_time.perf_counter()
         method, path = environ['REQUEST_METHOD'], environ.get('PATH_INFO') or '/'
+        tally = observe.start_request(cid, method, path)
         self.active += 1
         try:
             try:
@@ -79,13 +82,22 @@ class App:
         except BaseException:
             self.active -= 1        # no body to close: nothing else would count this request out
             raise
-        logger.info('%s %s %d %.1fms cid=%s', method, path, status, (mod_time.perf_counter() - started) * 1000, cid)
-        return _Tracked(body, self._finished)
+        tally.status, tally.service = status, self._label(path)
+        return _Tracked(body, partial(self._finished, tally))
 
-    def _finished(self) -> None:
+    def _finished(self, tally: observe.RequestTally) -> None:
         self.active -= 1
+        observe.finish_request(tally)
+        logs.access(logger, tally)      # when the last byte is sent: a stream's line has its tokens
+
+    def _label(self, path: str) -> str:
+        """The path's service name for metrics, or '' when it names none (bounded: not the client's to choose)."""
+        name = path.strip('/')
+        return name if name in self.host.deployer.services or name in ROUTES else ''
 
     def _dispatch(self, environ: dict, method: str, path: str, cid: str) -> tuple:
+        if path.startswith(GATEWAY_PREFIX) and self.host.registry.config.gateway.enabled:
+            return _gateway(self.host.registry, environ, method, path, cid)
         name = path.strip('/')
         route = ROUTES.get(name)
         if route is None or not route.public:
@@ -119,8 +131,8 @@ class App:
         keys = self.host.registry.config.server.api_keys
         return [k.get_secret_value().encode() for k in keys if k.get_secret_value()]
 
-    def _check_api_key(self, environ: dict) -> None:
-        keys = self._api_keys()
+    def _check_api_key(self, environ: dict, extra: tuple = ()) -> None:
+        keys = self._api_keys() + [k.encode() for k in extra if k]
         if not keys:
             return
         given = environ.get('HTTP_X_API_KEY', '')
@@ -182,12 +194,31 @@ def _services(app: App, environ: dict, cid: str) -> tuple:
         'store': {'shared': bool(getattr(registry.store, 'shared', False))}})
 
 
+def _metrics(app: App, environ: dict, cid: str) -> tuple:
+    from llmconn.metrics import respond     # not imported until scraped: prometheus_client stays unloaded
+    return respond(app, environ)
+
+
 # The host's own paths; everything else is a service name. Add an entry to add a route.
 ROUTES: dict[str, Route] = {
     'health': Route(_health, public=True),
     'ready': Route(_ready, public=True),
     'services': Route(_services),
+    'admin': Route(admin_page.handle, public=True),     # checks the key itself (also a browser's Basic login)
+    'metrics': Route(_metrics, public=True),    # checks its own keys: see llmconn.metrics.respond
 }
+
+
+# ---- the OpenAI-compatible gateway (llmconn.gateway): /v1/... when gateway.keys are configured.
+# It authenticates with its own keys and answers in OpenAI's error shape, so it is routed before the
+# host's API key check.
+
+GATEWAY_PREFIX = '/v1/'
+
+
+def _gateway(registry: Any, environ: dict, method: str, path: str, cid: str) -> tuple:
+    from llmconn.gateway.routes import handle      # only servers that enable the gateway load it
+    return handle(registry, environ, method, path, cid)
 
 
 class _Tracked:

@@ -39,6 +39,9 @@ class ScriptedServer(ThreadingHTTPServer):
         self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         super().server_bind()
 
+    def handle_error(self, request, client_address) -> None:
+        pass        # clients that cut the connection (timeouts, trickles) are what these tests make
+
     def start(self) -> 'ScriptedServer':
         threading.Thread(target=self.serve_forever, kwargs={'poll_interval': 0.01}, daemon=True).start()
         return self

@@ -20,7 +20,7 @@ def config(tmp_path, provider):
     path.write_text(textwrap.dedent(f'''
         llm:
           - name: Fake Claude
-            model: claude-sonnet-4-5
+            model: claude-sonnet-5-5
             address: {provider.url}
             secret: sk-cli-secret-never-printed
           - name: Fake OpenAI
@@ -34,7 +34,7 @@ def config(tmp_path, provider):
 def test_check_lists_connections_without_secrets(config):
     done = llmconn('check', str(config))
     assert done.returncode == 0, done.stderr
-    assert 'Fake Claude: provider=claude model=claude-sonnet-4-5' in done.stdout
+    assert 'Fake Claude: provider=claude model=claude-sonnet-5-5' in done.stdout
     assert 'Fake OpenAI: provider=openai' in done.stdout
     assert 'sk-cli-secret' not in done.stdout + done.stderr
 

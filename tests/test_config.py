@@ -15,7 +15,7 @@ def load(conns, environ=None, **top):
 
 
 def test_defaults_mirror_zato():
-    conf = load([{'name': 'c', 'model': 'claude-sonnet-4-5'}])
+    conf = load([{'name': 'c', 'model': 'claude-sonnet-5-5'}])
     c = conf.llm[0]
     assert (c.provider, c.address, c.is_active) == ('claude', 'https://api.anthropic.com', True)
     assert (c.pool_size, c.timeout, c.max_tokens, c.max_history_turns, c.chat_expiry) == (50, 60, 1024, 20, 86400)
@@ -24,7 +24,7 @@ def test_defaults_mirror_zato():
 
 
 @pytest.mark.parametrize('model, provider, address', [
-    ('claude-haiku-4-5', 'claude', 'https://api.anthropic.com'),
+    ('claude-haiku-5-5', 'claude', 'https://api.anthropic.com'),
     ('gemini-2.5-flash', 'gemini', 'https://generativelanguage.googleapis.com/v1beta'),
     ('gpt-4o-mini', 'openai', 'https://api.openai.com/v1'),
     ('llama3.1:8b', 'openai', 'https://api.openai.com/v1'),
@@ -227,3 +227,21 @@ def test_a_connection_config_built_by_hand_is_complete():
         store.close()
     with pytest.raises(ValueError, match='unknown provider'):
         mod_config.ConnectionConfig(name='a', model='m', provider='nope')
+
+
+@pytest.mark.parametrize('text, error', [
+    ('llm: ' + '[' * 20000 + ']' * 20000 + '\n', 'nested more than 64 levels'),     # RecursionError before
+    ('llm: "' + 'x' * 1_000_001 + '"\n', 'more than a configuration needs'),
+])
+def test_a_hostile_file_is_a_config_error_not_a_crash_or_a_stall(tmp_path, text, error):
+    path = tmp_path / 'llm.yaml'
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=error):
+        mod_config.load_file(path)
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path):
+    path = tmp_path / 'llm.yaml'
+    path.write_bytes(b'llm: \xff\xfe\n')
+    with pytest.raises(ConfigError, match='not UTF-8'):
+        mod_config.load_file(path)

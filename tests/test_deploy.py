@@ -229,7 +229,7 @@ CONFIG = '''
 redis: {{url: "memory://"}}
 llm:
   - name: First
-    model: claude-sonnet-4-5
+    model: claude-sonnet-5-5
     address: {url}
 {more}'''
 

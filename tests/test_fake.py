@@ -147,7 +147,7 @@ BAD_CALLS = {
 
 @pytest.mark.parametrize('call', BAD_CALLS.values(), ids=BAD_CALLS.keys())
 def test_the_fake_refuses_exactly_what_the_real_connection_refuses(call, open_registry, provider):
-    real = open_registry({'llm': [{'name': 'real', 'provider': 'claude', 'model': 'claude-sonnet-4-6',
+    real = open_registry({'llm': [{'name': 'real', 'provider': 'claude', 'model': 'claude-sonnet-5-5',
                                    'address': provider.url, 'max_retries': 0}]})['real']
     with pytest.raises(InvalidInput) as real_error:
         call(real)

@@ -70,7 +70,7 @@ def sse_events(response: requests.Response) -> list[tuple[str, str]]:
 
 
 def claude_post(http, srv, body: dict, **kwargs) -> requests.Response:
-    base = {'model': 'claude-sonnet-4-5', 'max_tokens': 2048}
+    base = {'model': 'claude-sonnet-5-5', 'max_tokens': 2048}
     return http.post(srv.url + '/v1/messages', json=dict(base, **body), headers=CLAUDE_HEADERS, **kwargs)
 
 
@@ -83,11 +83,11 @@ def user(text: str) -> dict:
 
 def test_claude_sdk_create_echoes_the_conversation(claude):
     message = claude.messages.create(
-        model='claude-sonnet-4-5', max_tokens=100, system='be brief',
+        model='claude-sonnet-5-5', max_tokens=100, system='be brief',
         messages=[user('my name is Ann'), {'role': 'assistant', 'content': 'hi Ann'}, user('what is my name?')])
     assert isinstance(message, Message)
     assert message.content[0].text == 'echo: what is my name? | users: 2 | previous: my name is Ann | system: yes'
-    assert message.model == 'claude-sonnet-4-5'
+    assert message.model == 'claude-sonnet-5-5'
     assert message.usage.input_tokens == 2 + 4 + 2 + 4
     assert message.usage.output_tokens == len(message.content[0].text.split())
 
@@ -107,7 +107,7 @@ def test_claude_stream_is_the_real_event_sequence(http, srv):
 
 
 def test_claude_sdk_stream_gives_the_final_message(claude):
-    with claude.messages.stream(model='claude-sonnet-4-5', max_tokens=100, messages=[user('hi')]) as stream:
+    with claude.messages.stream(model='claude-sonnet-5-5', max_tokens=100, messages=[user('hi')]) as stream:
         deltas = list(stream.text_stream)
         final = stream.get_final_message()
     assert len(deltas) > 1
@@ -115,23 +115,23 @@ def test_claude_sdk_stream_gives_the_final_message(claude):
 
 
 def test_claude_thinking_block_replays_when_untouched(claude):
-    first = claude.messages.create(model='claude-sonnet-4-5', max_tokens=2048, thinking=THINKING,
+    first = claude.messages.create(model='claude-sonnet-5-5', max_tokens=2048, thinking=THINKING,
                                    messages=[user('think: what is 2+2?')])
     assert [b.type for b in first.content] == ['thinking', 'text']
     assert first.content[0].signature and 'what is 2+2?' in first.content[0].thinking
     history = [user('think: what is 2+2?'), {'role': 'assistant', 'content': first.content}, user('and 3+3?')]
-    second = claude.messages.create(model='claude-sonnet-4-5', max_tokens=2048, thinking=THINKING,
+    second = claude.messages.create(model='claude-sonnet-5-5', max_tokens=2048, thinking=THINKING,
                                     messages=history)
     assert second.content[-1].text.startswith('echo: and 3+3? | users: 2')
 
 
 def test_claude_altered_thinking_is_rejected(claude):
-    first = claude.messages.create(model='claude-sonnet-4-5', max_tokens=2048, thinking=THINKING,
+    first = claude.messages.create(model='claude-sonnet-5-5', max_tokens=2048, thinking=THINKING,
                                    messages=[user('think: secret plan')])
     block = first.content[0].model_dump()
     block['thinking'] += ' (edited)'
     with pytest.raises(anthropic.BadRequestError) as info:
-        claude.messages.create(model='claude-sonnet-4-5', max_tokens=2048, thinking=THINKING,
+        claude.messages.create(model='claude-sonnet-5-5', max_tokens=2048, thinking=THINKING,
                                messages=[user('think: secret plan'),
                                          {'role': 'assistant', 'content': [block, first.content[1].model_dump()]},
                                          user('next')])
@@ -140,7 +140,7 @@ def test_claude_altered_thinking_is_rejected(claude):
 
 
 def test_claude_altered_or_foreign_redacted_thinking_is_rejected(claude, srv):
-    first = claude.messages.create(model='claude-sonnet-4-5', max_tokens=2048, thinking=THINKING,
+    first = claude.messages.create(model='claude-sonnet-5-5', max_tokens=2048, thinking=THINKING,
                                    messages=[user('redact: hide this')])
     assert first.content[0].type == 'redacted_thinking'
     good = first.content[0].data
@@ -150,10 +150,10 @@ def test_claude_altered_or_foreign_redacted_thinking_is_rejected(claude, srv):
                                                      {'type': 'text', 'text': first.content[1].text}]},
                    user('next')]
         if ok:
-            claude.messages.create(model='claude-sonnet-4-5', max_tokens=2048, messages=history)
+            claude.messages.create(model='claude-sonnet-5-5', max_tokens=2048, messages=history)
         else:
             with pytest.raises(anthropic.BadRequestError):
-                claude.messages.create(model='claude-sonnet-4-5', max_tokens=2048, messages=history)
+                claude.messages.create(model='claude-sonnet-5-5', max_tokens=2048, messages=history)
 
 
 def test_claude_thinking_streams_deltas_and_signature(http, srv):
@@ -170,7 +170,7 @@ def test_claude_thinking_streams_deltas_and_signature(http, srv):
 
 
 def test_claude_without_thinking_enabled_has_no_thinking(claude):
-    message = claude.messages.create(model='claude-sonnet-4-5', max_tokens=10, messages=[user('think: x')])
+    message = claude.messages.create(model='claude-sonnet-5-5', max_tokens=10, messages=[user('think: x')])
     assert [b.type for b in message.content] == ['text']
 
 
@@ -183,7 +183,7 @@ def test_claude_without_thinking_enabled_has_no_thinking(claude):
     ({'messages': [{'role': 'system', 'content': 'a'}]}, 'role'),
 ])
 def test_claude_rejects_what_the_real_api_rejects(http, srv, body, words):
-    payload = {'model': 'claude-sonnet-4-5', 'max_tokens': 10, 'messages': [user('hi')]}
+    payload = {'model': 'claude-sonnet-5-5', 'max_tokens': 10, 'messages': [user('hi')]}
     payload.update(body)
     payload = {k: v for k, v in payload.items() if v is not None}
     response = http.post(srv.url + '/v1/messages', json=payload, headers=CLAUDE_HEADERS)

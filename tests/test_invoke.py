@@ -12,7 +12,7 @@ from llmconn import InvalidInput, LLMAuthError, LLMError, Registry
 SECRET = 'sk-invoke-test-secret-value'
 
 PROVIDERS = {
-    'claude': ('claude-sonnet-4-5', ''),
+    'claude': ('claude-sonnet-5-5', ''),
     'openai': ('gpt-4o-mini', '/v1'),
     'gemini': ('gemini-2.5-flash', '/v1beta'),
     'openai-responses': ('gpt-4.1-mini', '/v1'),

@@ -33,11 +33,11 @@ def test_a_legacy_responses_turn_keeps_its_message_native_as_the_text():
 
 
 def test_claude_sends_calls_from_another_model_as_plain_tool_use_without_thinking():
-    made = make_provider('claude', model='claude-opus-4-1')
+    made = make_provider('claude', model='claude-opus-5-5')
     thinking = {'type': 'thinking', 'thinking': 'hm', 'signature': 'sig'}
     turn = tool_turn(made, native_call={'type': 'tool_use', 'id': 'c1', 'name': 'add', 'input': {'a': 1}},
                      reasoning=thinking)
-    other = make_provider('claude', model='claude-haiku-4-5')
+    other = make_provider('claude', model='claude-haiku-5-5')
     messages = other.build_request(Request('next', history=(turn,)))['messages']
     assert messages[1] == {'role': 'assistant', 'content': [{'type': 'tool_use', 'id': 'c1', 'name': 'add',
                                                              'input': {'a': 1}}]}

@@ -9,7 +9,7 @@ from anthropic.types import (Message, MessageParam, RawContentBlockDeltaEvent, R
 from anthropic.types.message_create_params import MessageCreateParamsNonStreaming, MessageCreateParamsStreaming
 
 from llmconn.errors import ConfigError, InvalidInput, LLMError
-from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING
+from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, TOOLS
 from llmconn.types import Request, Turn
 
 from provider_helpers import SECRET, assert_valid, make_provider, run_stream, same_answer, sse
@@ -21,14 +21,14 @@ REDACTED_BLOCK = {'type': 'redacted_thinking', 'data': 'EmwKAhgBEgy3va3pzix/LafP
 
 
 def claude(**fields):
-    fields.setdefault('model', 'claude-sonnet-4-5')
+    fields.setdefault('model', 'claude-sonnet-5-5')
     fields.setdefault('max_tokens', 4096)
     return make_provider('claude', **fields)
 
 
 def message(content, usage=None, **fields) -> dict:
     """A Messages API response, validated by the SDK model, as JSON."""
-    body = {'id': 'msg_01', 'type': 'message', 'role': 'assistant', 'model': 'claude-sonnet-4-5',
+    body = {'id': 'msg_01', 'type': 'message', 'role': 'assistant', 'model': 'claude-sonnet-5-5',
             'content': content, 'stop_reason': 'end_turn', 'stop_sequence': None,
             'usage': usage or {'input_tokens': 12, 'output_tokens': 7}}
     body.update(fields)
@@ -52,7 +52,7 @@ def test_urls_headers_and_capabilities():
     assert provider.ping_url() == 'http://127.0.0.1:9/v1/models'
     assert provider.headers() == {'content-type': 'application/json', 'anthropic-version': '2023-06-01',
                                   'x-api-key': SECRET}
-    assert provider.capabilities == {STREAM, SYSTEM, THINKING, REASONING_REPLAY}
+    assert provider.capabilities == {STREAM, SYSTEM, THINKING, REASONING_REPLAY, TOOLS}
     assert claude().conf.address == 'https://api.anthropic.com'
 
 
@@ -68,7 +68,7 @@ def test_secret_not_in_reprs():
 
 def test_minimal_body_validates_and_omits_empty_system():
     body = claude().build_request(Request(text='Hello'))
-    assert body == {'model': 'claude-sonnet-4-5', 'max_tokens': 4096,
+    assert body == {'model': 'claude-sonnet-5-5', 'max_tokens': 4096,
                     'messages': [{'role': 'user', 'content': 'Hello'}]}
     assert_valid_body(body)
 
@@ -90,7 +90,7 @@ def test_thinking_sent_as_configured_and_names_the_mode(thinking, mode):
     provider = claude(thinking=thinking) if thinking else claude()
     body = provider.build_request(Request(text='think: why?'))
     assert body.get('thinking') == thinking
-    assert provider.mode == mode and provider.tag == f'claude/claude-sonnet-4-5/{mode}'
+    assert provider.mode == mode and provider.tag == f'claude/claude-sonnet-5-5/{mode}'
     assert_valid_body(body)
 
 
@@ -121,7 +121,7 @@ def test_thinking_blocks_replayed_verbatim_to_same_model_and_mode():
     assert_valid_body(body)
 
 
-@pytest.mark.parametrize('other', [{'model': 'claude-opus-4-1'}, {'thinking': {'type': 'adaptive'}}, {}])
+@pytest.mark.parametrize('other', [{'model': 'claude-opus-5-5'}, {'thinking': {'type': 'adaptive'}}, {}])
 def test_thinking_blocks_become_plain_text_elsewhere(other):
     made_by = claude(thinking=THINKING_ON)
     turn = Turn('think: who?', 'Ann.', items=(THINKING_BLOCK,), tag=made_by.tag)
@@ -138,7 +138,7 @@ def test_parse_response_text_usage_and_ids():
                    usage={'input_tokens': 10, 'output_tokens': 4, 'cache_read_input_tokens': 5})
     reply = claude().parse_response(body)
     assert (reply.text, reply.input_tokens, reply.output_tokens) == ('Hello Ann', 15, 4)
-    assert reply.raw is body and reply.response_id == 'msg_01' and reply.model == 'claude-sonnet-4-5'
+    assert reply.raw is body and reply.response_id == 'msg_01' and reply.model == 'claude-sonnet-5-5'
     assert reply.items == () and reply.thinking == ''
     assert reply.as_result()['usage'] == {'input_tokens': 15, 'output_tokens': 4}
 
@@ -162,7 +162,7 @@ def test_parse_response_refuses_an_error_body():
 
 def stream_events(blocks_events, input_tokens=12, output_tokens=7):
     start = RawMessageStartEvent.model_validate({'type': 'message_start', 'message': {
-        'id': 'msg_01', 'type': 'message', 'role': 'assistant', 'model': 'claude-sonnet-4-5', 'content': [],
+        'id': 'msg_01', 'type': 'message', 'role': 'assistant', 'model': 'claude-sonnet-5-5', 'content': [],
         'stop_reason': None, 'stop_sequence': None, 'usage': {'input_tokens': input_tokens, 'output_tokens': 1}}})
     end = [RawMessageDeltaEvent.model_validate({'type': 'message_delta', 'delta': {
                'stop_reason': 'end_turn', 'stop_sequence': None}, 'usage': {'output_tokens': output_tokens}}),

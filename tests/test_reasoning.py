@@ -18,8 +18,8 @@ import yaml
 from llmconn import ConfigError, InvalidInput, LLMError, Registry
 from llmconn.store.keys import chat_keys
 
-MODEL = 'claude-sonnet-4-5'
-OTHER_MODEL = 'claude-haiku-4-5'
+MODEL = 'claude-sonnet-5-5'
+OTHER_MODEL = 'claude-haiku-5-5'
 ENABLED = {'type': 'enabled', 'budget_tokens': 1024}
 
 

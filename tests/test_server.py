@@ -87,7 +87,7 @@ server:
 llm:
   - name: Support
     provider: claude
-    model: claude-sonnet-4-5
+    model: claude-sonnet-5-5
     address: {provider_url}
     secret: {SECRET}
     max_retries: 0

@@ -27,7 +27,7 @@ PROVIDERS = ('claude', 'openai', 'gemini', 'openai-responses')
 
 # Where each API lives under the fake server, and a model it knows.
 API_PATH = {'claude': '', 'openai': '/v1', 'gemini': '/v1beta', 'openai-responses': '/v1'}
-MODEL = {'claude': 'claude-sonnet-4-5', 'openai': 'gpt-4o-mini', 'gemini': 'gemini-2.5-flash',
+MODEL = {'claude': 'claude-sonnet-5-5', 'openai': 'gpt-4o-mini', 'gemini': 'gemini-2.5-flash',
          'openai-responses': 'gpt-4.1-mini'}
 
 # The official SDK type of each provider's reply body (Gemini has no SDK installed here).

@@ -119,3 +119,55 @@ def test_timeout_holds_under_gevent_without_freezing_other_greenlets():
                          timeout=60)
     assert out.stdout.split()[0] == 'timeout', out.stderr
     assert float(out.stdout.split()[1]) < 2 and out.stdout.split()[2] == 'True'
+
+
+def test_trickled_response_headers_are_cut_off_at_timeout_too():
+    import socket
+    import threading
+
+    listener = socket.create_server(('127.0.0.1', 0))
+    stop = threading.Event()
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            for byte in b'HTTP/1.1 200 OK\r\nX-Slow: ' + b'x' * 100:
+                if stop.is_set():
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+                time.sleep(0.3)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    transport = Transport('t', pool_size=1, timeout=1, max_retries=0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(LLMTimeout):
+            transport.post(f'http://127.0.0.1:{listener.getsockname()[1]}/x', {}, {})
+        assert time.monotonic() - started < 2.5       # each byte within the read timeout, yet cut at 1 s
+    finally:
+        stop.set()
+        listener.close()
+
+
+def test_a_forked_worker_gets_its_own_watchdog(server):
+    import os
+
+    Transport('warm', pool_size=1, timeout=5, max_retries=0).post(server.url + '/x', {}, {})  # parent's watchdog runs
+    server.script = [(200, {}, Trickle(ANSWER, 0.5))]
+    pid = os.fork()
+    if pid == 0:                                    # the child: exit 0 only if the deadline cut the call
+        code = 1
+        try:
+            started = time.monotonic()
+            Transport('child', pool_size=1, timeout=1, max_retries=0).post(server.url + '/x', {}, {})
+        except LLMTimeout:
+            code = 0 if time.monotonic() - started < 2.5 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

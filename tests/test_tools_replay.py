@@ -56,7 +56,7 @@ def test_the_fake_refuses_a_continued_tool_use_without_its_thinking(provider):
     # The loop's second call with its thinking block left out: prove the fake notices.
     steps = [items.call('toolu_x', 'add', {'a': 1}), items.output('toolu_x', '2')]
     messages = _turn_messages('call add {"a": 1}', steps)
-    body = {'model': 'claude-sonnet-4-5', 'max_tokens': 2048, 'messages': messages,
+    body = {'model': 'claude-sonnet-5-5', 'max_tokens': 2048, 'messages': messages,
             'thinking': THINKING['thinking'], 'tools': [{'name': 'add', 'input_schema': {'type': 'object'}}]}
     answer = requests.post(provider.url + '/v1/messages', json=body, headers={'anthropic-version': '2023-06-01'})
     assert answer.status_code == 400 and 'Expected `thinking`' in answer.json()['error']['message']
@@ -67,7 +67,7 @@ def test_claude_thinking_blocks_go_as_plain_calls_to_another_model(make, provide
     thinking = make('claude', name=unique + 'a', **THINKING)
     thinking.chat('call add {"a": 1}', chat_id='x', tools=[add])
     # Same chat store, another model: the thinking blocks stay home, the calls travel as plain items.
-    plain = make('claude', name=unique + 'a', model='claude-haiku-4-5')
+    plain = make('claude', name=unique + 'a', model='claude-haiku-5-5')
     provider.clear()
     plain.chat('next', chat_id='x', tools=[add])
     sent = bodies(provider)[0]['messages']

@@ -105,7 +105,7 @@ TOOL = {'name': 'add', 'description': 'Add.', 'input_schema': {'type': 'object',
 
 def test_the_anthropic_sdk_assembles_the_fake_tool_use_stream(provider):
     client = anthropic.Anthropic(base_url=provider.url, api_key='x', max_retries=0)
-    with client.messages.stream(model='claude-sonnet-4-5', max_tokens=2048, tools=[TOOL],
+    with client.messages.stream(model='claude-sonnet-5-5', max_tokens=2048, tools=[TOOL],
                                 thinking={'type': 'enabled', 'budget_tokens': 1024},
                                 messages=[{'role': 'user', 'content': 'call add {"a": 7, "b": 1}'}]) as stream:
         message = stream.get_final_message()

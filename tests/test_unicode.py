@@ -30,7 +30,7 @@ SMILE = '\U0001f600'
 def claude_sse(*texts: str) -> bytes:
     """A Claude stream whose text deltas are ``texts``, JSON-escaped as the real API does (ASCII only)."""
     events = [{'type': 'message_start', 'message': {'id': 'msg_1', 'type': 'message', 'role': 'assistant',
-                                                     'model': 'claude-sonnet-4-6', 'content': [],
+                                                     'model': 'claude-sonnet-5-5', 'content': [],
                                                      'usage': {'input_tokens': 5, 'output_tokens': 1}}},
               {'type': 'content_block_start', 'index': 0, 'content_block': {'type': 'text', 'text': ''}}]
     events += [{'type': 'content_block_delta', 'index': 0, 'delta': {'type': 'text_delta', 'text': t}}
@@ -49,7 +49,7 @@ SSE_HEADERS = {'content-type': 'text/event-stream'}
 @pytest.fixture
 def claude(server, open_registry, redis_url):
     return open_registry({'redis': {'url': redis_url}, 'llm': [
-        {'name': 'c', 'provider': 'claude', 'model': 'claude-sonnet-4-6', 'address': server.url,
+        {'name': 'c', 'provider': 'claude', 'model': 'claude-sonnet-5-5', 'address': server.url,
          'max_retries': 0}]})['c']
 
 
@@ -81,7 +81,7 @@ def test_a_lone_surrogate_from_the_provider_becomes_u_fffd_everywhere(server, cl
 
 
 def test_a_non_streamed_answer_with_a_lone_surrogate_is_cleaned(server, claude, unique):
-    body = {'id': 'm', 'type': 'message', 'role': 'assistant', 'model': 'claude-sonnet-4-6',
+    body = {'id': 'm', 'type': 'message', 'role': 'assistant', 'model': 'claude-sonnet-5-5',
             'content': [{'type': 'text', 'text': 'half \udc00'}], 'stop_reason': 'end_turn',
             'usage': {'input_tokens': 1, 'output_tokens': 1}}
     server.script = [(200, {}, json.dumps(body).encode())]
@@ -117,7 +117,7 @@ def test_serve_streams_a_split_pair_to_an_sse_client_as_one_character(server, tm
 redis: {{url: "{redis_url}"}}
 skills_dir: {ROOT / 'etc' / 'skills'}
 llm:
-  - {{name: Support, provider: claude, model: claude-sonnet-4-6, address: "{server.url}", max_retries: 0}}
+  - {{name: Support, provider: claude, model: claude-sonnet-5-5, address: "{server.url}", max_retries: 0}}
 ''')
     services = tmp_path / 'services'
     services.mkdir()

@@ -110,13 +110,13 @@ def test_byte_by_byte_equals_whole_for_a_real_claude_stream():
 
 
 def claude(**fields):
-    fields.setdefault('model', 'claude-sonnet-4-5')
+    fields.setdefault('model', 'claude-sonnet-5-5')
     return make_provider('claude', **fields)
 
 
 def claude_stream(*events, named=True, stop=True):
     start = {'type': 'message_start', 'message': {'id': 'msg_1', 'type': 'message', 'role': 'assistant',
-                                                  'model': 'claude-sonnet-4-5', 'content': [],
+                                                  'model': 'claude-sonnet-5-5', 'content': [],
                                                   'usage': {'input_tokens': 5, 'output_tokens': 1}}}
     end = [{'type': 'message_delta', 'delta': {'stop_reason': 'end_turn'}, 'usage': {'output_tokens': 4}}]
     end += [{'type': 'message_stop'}] if stop else []
@@ -159,14 +159,14 @@ def test_claude_stream_tolerates_a_trailing_done_marker():
 
 @pytest.mark.parametrize('stop_reason', ['max_tokens', 'refusal', 'pause_turn', 'tool_use'])
 def test_claude_other_stop_reasons_are_replies(stop_reason):
-    body = {'id': 'msg_1', 'type': 'message', 'role': 'assistant', 'model': 'claude-sonnet-4-5',
+    body = {'id': 'msg_1', 'type': 'message', 'role': 'assistant', 'model': 'claude-sonnet-5-5',
             'content': [{'type': 'text', 'text': 'Part'}], 'stop_reason': stop_reason,
             'usage': {'input_tokens': 2, 'output_tokens': 3}}
     assert claude().parse_response(body).text == 'Part'
 
 
 def test_claude_non_text_blocks_and_cache_usage():
-    body = {'id': 'msg_1', 'type': 'message', 'role': 'assistant', 'model': 'claude-sonnet-4-5',
+    body = {'id': 'msg_1', 'type': 'message', 'role': 'assistant', 'model': 'claude-sonnet-5-5',
             'content': [{'type': 'server_tool_use', 'id': 's', 'name': 'web_search', 'input': {}},
                         {'type': 'web_search_tool_result', 'tool_use_id': 's', 'content': []},
                         {'type': 'text', 'text': 'A', 'citations': [{'type': 'web_search_result_location'}]},
@@ -665,5 +665,31 @@ def test_claude_end_to_end_stream_with_crlf_no_event_lines_and_no_final_blank_li
     events = claude_stream(text_delta('Hi'), named=False)
     raw = '\r\n\r\n'.join(f'data:{e.data}' for e in events).encode()
     server.script = [(200, {'content-type': 'text/event-stream; charset=utf-8'}, [raw[:40], raw[40:]])]
-    result = list(connection(server, 'claude', 'claude-sonnet-4-5').stream('hi'))[-1].result
+    result = list(connection(server, 'claude', 'claude-sonnet-5-5').stream('hi'))[-1].result
     assert result['text'] == 'Hi' and result['usage'] == {'input_tokens': 5, 'output_tokens': 4}
+
+
+# ---- a surrogate pair split between two stream events (a mock server and LiteLLM's /v1/messages do it)
+
+
+def split_pair_streams():
+    halves = ('a \ud83d', '\ude00 b')
+    return {
+        'claude': (claude(), claude_stream(*(text_delta(h) for h in halves))),
+        'openai': (openai(), as_sse(chunk({'content': halves[0]}), chunk({'content': halves[1]}), chunk({}, finish='stop'))
+                   + [DONE]),
+        'gemini': (gemini(), as_sse({'candidates': [candidate({'text': halves[0]}, finish=None)]},
+                                    {'candidates': [candidate({'text': halves[1]})]})),
+        'openai-responses': (responses(), as_sse(
+            *({'type': 'response.output_text.delta', 'item_id': 'msg_1', 'delta': h} for h in halves),
+            {'type': 'response.completed', 'response': response_body([message_item(output_text(''.join(halves)))])})),
+    }
+
+
+@pytest.mark.parametrize('name', list(split_pair_streams()))
+def test_every_mapping_joins_a_surrogate_pair_split_between_events(name):
+    provider, events = split_pair_streams()[name]
+    out = list(provider.read_stream(EventStream(iter(events))))
+    assert [e.text for e in out[:-1] if e.type == 'text'] == ['a ', '\U0001f600 b']
+    assert out[-1].as_result()['text'] == 'a \U0001f600 b'
+    json.dumps(out[-1].as_result(), ensure_ascii=False).encode('utf-8')     # no lone surrogate anywhere

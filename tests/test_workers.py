@@ -52,7 +52,7 @@ redis: {{url: "{redis_url}"}}
 skills_dir: {ROOT / 'etc' / 'skills'}
 llm:
   - name: Support
-    model: claude-sonnet-4-5
+    model: claude-sonnet-5-5
     address: {fake.url}
     chat_expiry: 60             # test chats clean themselves up
 ''')

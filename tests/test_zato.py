@@ -57,7 +57,7 @@ class TestZatoService(zato_testing.ServiceTestCase):
         cls.fake = FakeProviderServer().start()
         cls.registry = llmconn.Registry.from_dict({
             'redis': {'url': redis_url},
-            'llm': [{'name': 'My Claude', 'model': 'claude-sonnet-4-5', 'address': cls.fake.url,
+            'llm': [{'name': 'My Claude', 'model': 'claude-sonnet-5-5', 'address': cls.fake.url,
                      'chat_expiry': 60}],
         })
         llmconn.zato.install(cls.registry)

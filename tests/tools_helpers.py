@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 ADDRESS = {'claude': '', 'openai': '/v1', 'openai-responses': '/v1', 'gemini': '/v1beta'}
-MODEL = {'claude': 'claude-sonnet-4-5', 'openai': 'gpt-4o-mini', 'openai-responses': 'gpt-5',
+MODEL = {'claude': 'claude-sonnet-5-5', 'openai': 'gpt-4o-mini', 'openai-responses': 'gpt-5',
          'gemini': 'gemini-2.5-flash'}
 PROVIDERS = tuple(ADDRESS)
 

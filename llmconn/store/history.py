@@ -22,11 +22,13 @@ from redis.exceptions import AuthenticationError, RedisClusterException, RedisEr
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from llmconn import observe
 from llmconn.errors import ChatBusy, StoreError
 from llmconn.store import lock as mod_lock
 from llmconn.store.keys import ChatKeys, chat_keys
 from llmconn.store.lock import TURN_SEPARATOR, ChatLock
 from llmconn.store.renewer import LockRenewer
+from llmconn.store.urls import CLUSTER
 from llmconn.types import Turn
 
 if TYPE_CHECKING:
@@ -89,8 +91,10 @@ class ChatStore:
                             f'longer than lock_wait ({lock_wait:g} s). Try again later, or raise lock_wait in '
                             f'the connection\'s configuration.')
 
+        started = self._clock()
         window_bytes, place = mod_lock.acquire(self, keys, token, window=window, ttl_ms=ttl_ms,
                                                lock_wait=lock_wait, clock=self._clock, busy=busy)
+        observe.lock_waited(conn_name, self._clock() - started if place else 0.0)     # place 0: it was free
         lock = ChatLock(self, keys, token, ttl_ms, self._turns.decode(window_bytes), place)
         self._held[token] = lock
         return lock
@@ -155,6 +159,16 @@ class ChatStore:
         except _REDIS_ERRORS as exc:
             raise self._error(exc) from exc
 
+    @property
+    def client(self) -> Any:
+        """The redis-py client for commands off the hot path (usage ledger, admin commands)."""
+        return self._runner.client
+
+    @property
+    def cluster(self) -> bool:
+        """A Redis Cluster: a script may write only keys of its chat's slot."""
+        return self._target.kind == CLUSTER
+
     def ping(self) -> None:
         """Raise :class:`StoreError` unless Redis answers."""
         try:
@@ -193,6 +207,7 @@ class ChatStore:
 
     def _error(self, exc: Exception) -> StoreError:
         """The one translation of a redis exception, with what to do next and no password."""
+        observe.store_error(exc)
         if isinstance(exc, AuthenticationError):
             hint = 'check the user name and password in redis.url'
         elif isinstance(exc, (RedisConnectionError, RedisTimeoutError)):

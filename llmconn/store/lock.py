@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable
 
 from llmconn.errors import ChatBusy, LockLost, StoreError
 from llmconn.types import Turn
@@ -162,8 +162,9 @@ return {0, redis.call('PTTL', KEYS[1]), 0, entry}
 #   ARGV[3] - max stored turns, ARGV[4] - chat expiry (ms),
 #   ARGV[5] - '1' to replace the last stored turn (a pending one) instead of appending,
 #   ARGV[6] - our queue entry, when we give up waiting, or ''
-#   KEYS[5], ARGV[7..] (optional) - a hash in this slot and field/increment pairs,
-#   counted with the saved turn (a usage ledger), never for a re-sent save
+#   KEYS[5], ARGV[7..] (optional) - a hash in this slot (a usage ledger), ARGV[7] its
+#   expiry in s ('0' = none), ARGV[8..] field/increment pairs, counted with the saved turn,
+#   never for a re-sent save; the hash gets its expiry when the first pair's field is new
 # Returns 1 - saved (or released); 2 - this token's turn was saved before (a re-sent
 # save: nothing written again); 0 - the lock was not ours (nothing written).
 FINISH = """
@@ -188,8 +189,11 @@ if ARGV[2] ~= '' then
     redis.call('LPUSH', KEYS[4], ARGV[1])
     redis.call('LTRIM', KEYS[4], 0, 63)   -- SAVED_TOKENS - 1
     redis.call('PEXPIRE', KEYS[4], ARGV[4])
-    for i = 7, #ARGV, 2 do
-        redis.call('HINCRBY', KEYS[5], ARGV[i], ARGV[i + 1])
+    for i = 8, #ARGV, 2 do
+        local total = redis.call('HINCRBY', KEYS[5], ARGV[i], ARGV[i + 1])
+        if i == 8 and ARGV[7] ~= '0' and total == tonumber(ARGV[i + 1]) then
+            redis.call('EXPIRE', KEYS[5], ARGV[7])
+        end
     end
 end
 local clock = redis.call('TIME')
@@ -276,12 +280,12 @@ class ChatLock:
         self._open = True           # save or release still has work to do
 
     def save(self, turn: Turn, *, expiry: float, max_turns: int, replace_last: bool = False,
-             counters: tuple[str, Mapping[str, int]] | None = None) -> None:
+             counters: tuple | None = None) -> None:
         """Append ``turn`` (or replace the last, pending one), keep ``max_turns``, expire in ``expiry`` s, unlock.
 
         ``counters`` - (a hash key in this chat's slot, see :meth:`ChatKeys.beside`,
-        {field: increment}) - are added in the same script, once per saved turn
-        (a re-sent save does not count twice). Raises :class:`LockLost`
+        {field: increment}[, the hash's expiry in s]) - are added in the same script,
+        once per saved turn (a re-sent save does not count twice). Raises :class:`LockLost`
         (nothing written) when the lock was no longer ours, and
         :class:`StoreError` when Redis failed or, with ``redis.replicas``, the
         turn did not reach enough replicas.
@@ -298,8 +302,9 @@ class ChatLock:
         args = (self._token, data, max_turns, max(1, int(expiry * 1000)), b'1' if replace_last else b'0', b'')
         extra_key = ()
         if counters:
-            key, increments = counters
+            key, increments, *expiry_s = counters
             extra_key = (key,)
+            args += (int(expiry_s[0]) if expiry_s else 0,)
             args += tuple(item for field, amount in increments.items() for item in (field, int(amount)))
         result = self._store._finish(self._keys, args, durable=True, extra_key=extra_key)
         # A StoreError above leaves _open set, so release() still tries to unlock.

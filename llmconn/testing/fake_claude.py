@@ -23,7 +23,7 @@ from llmconn.testing.fake_common import (
 from llmconn.testing.fake_tools import argument_chunks, decide, violation
 
 NAME = 'claude'
-MODELS = ('claude-sonnet-4-5', 'claude-haiku-4-5', 'claude-opus-4-1')
+MODELS = ('claude-sonnet-5-5', 'claude-haiku-5-5', 'claude-opus-5-5')
 _THINKING_TYPES = ('enabled', 'adaptive')
 
 _ERROR_TYPES = {

@@ -1,0 +1,170 @@
+"""The gateway's overhead: the same question asked of the fake provider directly and through the gateway.
+
+One run starts its own redis-server (a free port, never the machine's), the
+fake provider in a subprocess and one ``llmconn serve`` process with the
+gateway on; the client is this gevent-patched process, one ``requests``
+session per simulated client. At each concurrency level the three ways are
+measured in alternating blocks, so a noisy neighbour hits them alike:
+
+    direct     POST {fake}/v1/chat/completions            (what the gateway itself sends)
+    chat       POST {gateway}/v1/chat/completions          (stateless; one usage-count pipeline)
+    responses  POST {gateway}/v1/responses                 (one ledger write per response)
+
+Added latency is the gateway's p50 / p99 minus the direct call's at the
+same concurrency. Per core: the machine's cores are shared by every process
+of the run (client, gateway, provider, Redis).
+
+    .venv/bin/python bench/bench_gateway.py [--quick]
+"""
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import gevent  # noqa: E402
+import requests  # noqa: E402
+from gevent.pool import Pool  # noqa: E402
+
+from llmconn.demo import start_server, stop  # noqa: E402
+from llmconn.testing.fake_server import FakeProviderServer  # noqa: E402
+
+KEY = 'sk-bench-gateway-key'
+LEVELS = (1, 50, 500)
+REQUESTS = {1: 600, 50: 3000, 500: 6000}     # per way and level, split over the blocks
+BLOCKS = 3
+QUESTION = [{'role': 'user', 'content': 'hello gateway'}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def start_redis() -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([shutil.which('redis-server'), '--port', str(port), '--bind', '127.0.0.1', '--save', '',
+                             '--appendonly', 'no'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f'redis://127.0.0.1:{port}/0'
+    import redis
+    for _ in range(100):
+        try:
+            redis.Redis.from_url(url).ping()
+            return proc, url
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    raise RuntimeError('redis-server did not start')
+
+
+def write_config(tmp: Path, fake_url: str, redis_url: str) -> Path:
+    config = tmp / 'llm.yaml'
+    config.write_text(f'''
+redis: {{url: "{redis_url}"}}
+gateway:
+  keys: [{{id: bench, secret: {KEY}, tenant: bench, models: ["*"]}}]
+llm:
+  - {{name: Chat, provider: openai, model: gpt-4.1, address: "{fake_url}/v1", max_retries: 0, pool_size: 600}}
+''')
+    return config
+
+
+def run_block(ways: dict, way: str, clients: int, count: int) -> list[float]:
+    """``count`` requests by ``clients`` concurrent clients; each request's latency in seconds."""
+    url, body, headers = ways[way]
+    sessions = [requests.Session() for _ in range(clients)]
+    latencies: list[float] = []
+
+    def client(index: int) -> None:
+        session = sessions[index]
+        for _ in range(max(1, count // clients)):
+            started = time.perf_counter()
+            answer = session.post(url, json=body, headers=headers, timeout=60)
+            latencies.append(time.perf_counter() - started)
+            if answer.status_code != 200:
+                raise RuntimeError(f'{way}: {answer.status_code} {answer.text[:200]}')
+
+    pool = Pool(clients)
+    for index in range(clients):
+        pool.spawn(client, index)
+    pool.join(raise_error=True)
+    for session in sessions:
+        session.close()
+    return latencies
+
+
+def measure(ways: dict, clients: int, total: int) -> dict:
+    results: dict = {way: [] for way in ways}
+    elapsed: dict = {way: 0.0 for way in ways}
+    run_block(ways, 'direct', clients, min(total, clients * 4))     # warm the pools
+    run_block(ways, 'chat', clients, min(total, clients * 4))
+    for _ in range(BLOCKS):
+        for way in ways:
+            started = time.perf_counter()
+            results[way] += run_block(ways, way, clients, total // BLOCKS)
+            elapsed[way] += time.perf_counter() - started
+    return {way: {'p50': percentile(lat, 50), 'p99': percentile(lat, 99), 'rps': len(lat) / elapsed[way]}
+            for way, lat in results.items()}
+
+
+def percentile(values: list[float], pct: int) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * pct / 100))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--quick', action='store_true', help='a fifth of the requests')
+    args = parser.parse_args()
+    scale = 5 if args.quick else 1
+    tmp = Path(tempfile.mkdtemp(prefix='bench-gateway-'))
+    (tmp / 'services').mkdir()
+    redis_proc, redis_url = start_redis()
+    fake = FakeProviderServer.spawn()
+    port = free_port()
+    server = None
+    try:
+        server = start_server(write_config(tmp, fake.url, redis_url), tmp / 'services', port,
+                              extra=['--log-level', 'WARNING'])
+        gateway = f'http://127.0.0.1:{port}/v1'
+        auth = {'Authorization': f'Bearer {KEY}'}
+        ways = {'direct': (f'{fake.url}/v1/chat/completions',
+                           {'model': 'gpt-4.1', 'messages': QUESTION, 'max_tokens': 1024}, {}),
+                'chat': (f'{gateway}/chat/completions', {'model': 'Chat', 'messages': QUESTION}, auth),
+                'responses': (f'{gateway}/responses', {'model': 'Chat', 'input': 'hello gateway'}, auth)}
+        rows = [(clients, measure(ways, clients, REQUESTS[clients] // scale)) for clients in LEVELS]
+    finally:
+        stop(server)
+        fake.stop()
+        redis_proc.kill()
+        redis_proc.wait()
+    print_table(rows)
+    return 0
+
+
+def print_table(rows: list) -> None:
+    cores = os.cpu_count() or 1
+    print(f'Gateway overhead against the fake provider ({cores} cores shared by client, gateway, provider, Redis)')
+    print(f'{"clients":>7} {"way":>10} {"p50 ms":>8} {"p99 ms":>8} {"req/s":>8} {"+p50 ms":>8} {"+p99 ms":>8}')
+    for clients, result in rows:
+        direct = result['direct']
+        for way, figures in result.items():
+            added = '' if way == 'direct' else \
+                f'{(figures["p50"] - direct["p50"]) * 1000:8.2f} {(figures["p99"] - direct["p99"]) * 1000:8.2f}'
+            print(f'{clients:>7} {way:>10} {figures["p50"] * 1000:8.2f} {figures["p99"] * 1000:8.2f} '
+                  f'{figures["rps"]:8.0f} {added}')
+    print(f'per core: divide req/s by {cores}')
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""The operator's subcommands of ``llmconn``: usage, history, forget, chats, chat (a REPL), check --connect.
+
+Registered by :func:`add_admin_commands` from :mod:`llmconn.cli`; like it,
+this module imports nothing heavy at the top (``llmconn serve`` must patch
+gevent before ``redis`` and ``requests`` load). Each one
+reads ``--config`` (default ``etc/llm.yaml``) and opens its own registry,
+closed again before returning, so counts it made are written to the ledger.
+
+``llmconn chat NAME`` is a conversation: on a terminal a prompt and the
+answer streamed as it comes; with stdin not a terminal each line read is one
+message and each answer is printed whole on stdout, so it scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import sys
+from typing import Any, Callable, TextIO
+
+from llmconn.errors import ChatBusy, LLMConnError, StoreError
+
+DEFAULT_CONFIG = 'etc/llm.yaml'
+PROMPT = 'you> '
+SCAN_COUNT = 1000
+QUIT_COMMANDS = ('/quit', '/exit')
+
+
+def add_admin_commands(sub: Any, common: list) -> None:
+    """Add the operator's subcommands to the ``llmconn`` parser's subparsers (see ``cli.SUBCOMMANDS``)."""
+    def command(name: str, func: Callable, helptext: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=common, help=helptext, description=helptext)
+        p.add_argument('--config', default=DEFAULT_CONFIG, help=f'the YAML configuration (default {DEFAULT_CONFIG})')
+        p.set_defaults(func=func)
+        return p
+
+    p = command('usage', cmd_usage, 'calls, errors and tokens per connection, model and UTC day')
+    p.add_argument('--since', default='', help='first day to show, YYYY-MM-DD (UTC); default: all kept')
+    p.add_argument('--connection', default='', help='only this connection')
+    p.add_argument('--json', action='store_true', help='print the rows as JSON')
+
+    p = command('history', cmd_history, 'print the stored turns of a chat, oldest first')
+    p.add_argument('name', help='connection name')
+    p.add_argument('chat_id', help='the chat id, as the service passed it')
+    p.add_argument('--json', action='store_true', help='print the messages as JSON')
+
+    p = command('forget', cmd_forget, 'delete the stored turns of a chat')
+    p.add_argument('name', help='connection name')
+    p.add_argument('chat_id', help='the chat id, as the service passed it')
+
+    p = command('chats', cmd_chats, 'list the chat ids a connection has stored turns for')
+    p.add_argument('name', help='connection name')
+    p.add_argument('--match', default='*', help='only chat ids matching this glob, e.g. "user-*"')
+    p.add_argument('--json', action='store_true', help='print the ids as a JSON list')
+
+    p = command('chat', cmd_chat, 'talk to a connection: a conversation, or one message with TEXT')
+    p.add_argument('name', help='connection name')
+    p.add_argument('text', nargs='?', help='send just this message and print the answer')
+    p.add_argument('--chat-id', default='', help='the conversation to continue (default: a new one)')
+    p.add_argument('--skill', default='', help='a skill from skills_dir to use as the system prompt')
+    p.add_argument('--json', action='store_true', help='with TEXT: print the whole result as JSON')
+
+
+def _registry(args):
+    from llmconn.registry import Registry
+    return Registry.from_file(args.config)
+
+
+# -- usage, history, forget, chats ----------------------------------------------------------------
+
+def cmd_usage(args) -> int:
+    from llmconn.usage_report import format_table, parse_day, read_usage
+    since = parse_day(args.since) if args.since else ''
+    registry = _registry(args)
+    try:
+        if args.connection:
+            registry[args.connection]       # an unknown name says which ones exist
+        rows = read_usage(registry.store, since=since, connection=args.connection)
+    finally:
+        registry.close()
+    if not registry.store.shared:
+        print(f'note: the store is {registry.store.url_for_display} (one process only), so it holds no usage '
+              f'of other processes', file=sys.stderr)
+    print(json.dumps(rows, indent=2, ensure_ascii=False) if args.json else format_table(rows))
+    return 0
+
+
+def cmd_history(args) -> int:
+    registry = _registry(args)
+    try:
+        messages = registry[args.name].history(args.chat_id)
+    finally:
+        registry.close()
+    if args.json:
+        print(json.dumps(messages, indent=2, ensure_ascii=False))
+    elif not messages:
+        print(f'no stored turns for chat {args.chat_id!r} of {args.name!r}', file=sys.stderr)
+    else:
+        for message in messages:
+            print(f'{message["role"]}: {message["content"]}')
+    return 0
+
+
+def cmd_forget(args) -> int:
+    registry = _registry(args)
+    try:
+        registry[args.name].delete_history(args.chat_id)
+    finally:
+        registry.close()
+    print(f'forgot chat {args.chat_id!r} of {args.name!r}')
+    return 0
+
+
+def cmd_chats(args) -> int:
+    registry = _registry(args)
+    try:
+        registry[args.name]
+        ids = list_chats(registry.store, args.name, args.match)
+    finally:
+        registry.close()
+    print(json.dumps(ids, ensure_ascii=False) if args.json else '\n'.join(ids))
+    return 0
+
+
+def list_chats(store: Any, conn_name: str, match: str = '*') -> list[str]:
+    """The ids of every chat of ``conn_name`` with stored turns, sorted; SCAN, every master of a cluster."""
+    from redis.exceptions import RedisClusterException, RedisError
+
+    from llmconn.store.keys import KEY_PREFIX, encode
+    from llmconn.usage_report import decode
+
+    head = f'{KEY_PREFIX}:{{{encode(conn_name)}:'
+    tail = '}:turns'
+    ids = []
+    try:
+        for key in store.client.scan_iter(match=head + '*' + tail, count=SCAN_COUNT):
+            encoded = key.decode()[len(head):-len(tail)]
+            chat_id = decode(encoded)
+            if fnmatch.fnmatchcase(chat_id, match):
+                ids.append(chat_id)
+    except (RedisError, RedisClusterException) as exc:
+        raise store._error(exc) from exc
+    return sorted(ids)
+
+
+# -- check --connect ---------------------------------------------------------------------------
+
+def check_connect(path: str) -> int:
+    """Reach the store and ping every active connection; 1 when any of them fails."""
+    from llmconn.registry import Registry
+    registry = Registry.from_file(path)
+    failed = 0
+    try:
+        try:
+            registry.store.ping()
+            print(f'  store {registry.store.url_for_display}: OK')
+        except StoreError as e:
+            failed += 1
+            print(f'  store: FAILED: {e}')
+        for name in registry:
+            conn = registry[name]
+            if not conn.conf.is_active:
+                print(f'  {name}: skipped (inactive)')
+                continue
+            try:
+                conn.ping()
+                print(f'  {name}: OK')
+            except LLMConnError as e:
+                failed += 1
+                print(f'  {name}: FAILED: {e}')
+    finally:
+        registry.close()
+    if failed:
+        print(f'error: {failed} check(s) failed', file=sys.stderr)
+    return 1 if failed else 0
+
+
+# -- chat --------------------------------------------------------------------------------------
+
+def cmd_chat(args) -> int:
+    registry = _registry(args)
+    try:
+        conn = registry[args.name]
+        chat_id = args.chat_id or f'cli-{os.urandom(4).hex()}'
+        if args.text is not None:
+            result = conn.chat(args.text, chat_id=chat_id, skill=args.skill)
+            print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else result['text'])
+            if not args.chat_id:
+                print(f'chat id: {chat_id} (continue with --chat-id {chat_id})', file=sys.stderr)
+            return 0
+        return Conversation(conn, chat_id, args.skill, sys.stdin, sys.stdout, sys.stderr).run()
+    finally:
+        registry.close()
+
+
+class Conversation:
+    """The REPL of ``llmconn chat``: one message per line, the answer streamed on a terminal."""
+
+    def __init__(self, conn: Any, chat_id: str, skill: str, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> None:
+        self.conn, self.chat_id, self.skill = conn, chat_id, skill
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.interactive = stdin.isatty()
+        self.failed = False
+
+    def run(self) -> int:
+        if self.interactive:
+            _enable_line_editing()
+            print(f'Chatting with {self.conn.name} ({self.conn.conf.model}), chat id {self.chat_id}.\n'
+                  f'Type a message and press Enter. /history shows the chat, /quit or Ctrl-D leaves.',
+                  file=self.stdout, flush=True)
+        else:
+            print(f'chat id: {self.chat_id}', file=self.stderr, flush=True)
+        while True:
+            line = self._read()
+            if line is None:
+                break
+            text = line.strip()
+            if not text:
+                continue
+            if self.interactive and text in QUIT_COMMANDS:
+                break
+            if self.interactive and text == '/history':
+                for message in self.conn.history(self.chat_id):
+                    print(f'{message["role"]}: {message["content"]}', file=self.stdout)
+                continue
+            self._turn(text)
+        return 1 if self.failed else 0
+
+    def _read(self) -> str | None:
+        if not self.interactive:
+            line = self.stdin.readline()
+            return line if line else None
+        try:
+            return input(PROMPT)
+        except EOFError:
+            print(file=self.stdout)
+            return None
+
+    def _turn(self, text: str) -> None:
+        from llmconn.providers.base import STREAM
+        try:
+            if self.interactive and STREAM in self.conn.provider.capabilities:
+                self._streamed(text)
+            else:
+                print(self.conn.chat(text, chat_id=self.chat_id, skill=self.skill)['text'], file=self.stdout,
+                      flush=True)
+        except KeyboardInterrupt:
+            print('\n(interrupted: this answer was not saved)', file=self.stdout, flush=True)
+        except (ChatBusy, LLMConnError) as e:
+            self.failed = True
+            print(f'error: {e}', file=self.stderr, flush=True)
+
+    def _streamed(self, text: str) -> None:
+        out = self.stdout
+        out.write(f'{self.conn.name}> ')
+        events = self.conn.stream(text, chat_id=self.chat_id, skill=self.skill)
+        try:
+            for event in events:
+                if event.type == 'text':
+                    out.write(event.text)
+                    out.flush()
+        finally:
+            events.close()
+            out.write('\n')
+            out.flush()
+
+
+def _enable_line_editing() -> None:
+    try:
+        import readline  # noqa: F401  (input() then edits lines and keeps a history)
+    except ImportError:
+        pass

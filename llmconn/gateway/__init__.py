@@ -1,0 +1,22 @@
+"""The OpenAI-compatible gateway of ``llmconn serve`` (SPEC §13): Responses and Chat Completions.
+
+Strict by default: a request the backend behind ``model`` cannot honour is
+refused with a capability error naming the field, unless the request opts
+into that named loss (``fallback_policy``). Modules, one concern each:
+
+    keys.py              gateway keys and tenants (config models, bearer-token lookup)
+    capabilities.py      per provider kind: which request fields are native, emulated, unsupported
+    policy.py            a request's fields resolved against it: params, accepted losses, or a 400
+    docs.py              docs/gateway.md's compatibility tables, generated from the matrix
+    dispatch.py          sending a Responses call and recording it, plain or streamed
+    items.py             canonical conversation items and how they become a provider request
+    backend.py           the one seam between the gateway and a connection's provider
+    ledger.py            the state ledger and usage records in Redis
+    responses.py         POST/GET/DELETE /v1/responses: request parsing, Response objects
+    stream.py            the Responses and Chat Completions event streams (the normalizer)
+    chat_completions.py  POST /v1/chat/completions, stateless
+    routes.py            HTTP routing, authentication, OpenAI-shaped errors
+
+:func:`llmconn.gateway.routes.handle` is what :mod:`llmconn.wsgi` calls for
+paths under ``/v1/``.
+"""

@@ -1,0 +1,145 @@
+"""The one seam between the gateway and a connection: a conversation in, llmconn events out.
+
+The gateway needs what ``conn.invoke`` does not take: a system prompt of the
+request's own, turns that are not a stored chat, a provider-side previous
+response id, ``store: false``. So it builds the :class:`~llmconn.types.Request`
+itself and runs it through the connection's pure provider mapping
+(``build_request`` / ``parse_response`` / ``read_stream``) and its transport
+(``post`` / ``post_stream``), exactly as the connection's own pipeline does,
+without reading or writing the connection's chat store. The events are the
+public ones: ``thinking`` and ``text`` deltas, then one ``done``.
+
+When structured turns (tool calls) land in the connection, this module is
+where function tools and ``function_call_output`` items will be passed on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from llmconn.errors import GatewayError
+from llmconn.gateway.items import Conversation
+from llmconn.providers.base import STREAM, SYSTEM
+from llmconn.types import Event, Reply, Request
+
+RESPONSES_KIND = 'openai-responses'
+
+# The provider's stop reason (in its raw answer) that means "cut short", per kind.
+_INCOMPLETE = {
+    'claude': ('stop_reason', {'max_tokens': 'max_output_tokens', 'refusal': 'content_filter'}),
+    'openai': ('finish_reason', {'length': 'max_output_tokens', 'content_filter': 'content_filter'}),
+    'gemini': ('finishReason', {'MAX_TOKENS': 'max_output_tokens', 'SAFETY': 'content_filter'}),
+}
+
+
+def kind(conn: Any) -> str:
+    """The provider kind behind a connection (the capability matrix's column)."""
+    return conn.conf.provider
+
+
+def keeps_state(conn: Any) -> bool:
+    """True when the backend itself keeps responses and continues from their ids."""
+    return kind(conn) == RESPONSES_KIND and conn.conf.state == 'provider'
+
+
+def check_usable(conn: Any, model: str) -> None:
+    if not conn.conf.is_active:
+        raise GatewayError(f'The model {model!r} is not active on this gateway.', 404, code='model_not_found',
+                           param='model')
+
+
+def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
+           previous_response_id: str = '', store: bool = True, key_id: str = '') -> Iterator[Event]:
+    """Call the connection's provider; yields ``thinking`` / ``text`` deltas and one ``done``.
+
+    The call is counted in the registry's usage ledger under the connection, its model and the
+    gateway key ``key_id``, however it ends (answered, failed, or closed early by a client that left).
+    """
+    provider, transport = conn.provider, conn.transport
+    if conversation.system and SYSTEM not in provider.capabilities:
+        raise GatewayError(f'instructions and system messages are not supported with a {kind(conn)} backend',
+                           param='instructions', code='unsupported_field')
+    if stream and STREAM not in provider.capabilities:
+        # A backend that cannot stream answers whole; the stream is built from that one answer.
+        return _whole(events(conn, conversation, params, False, previous_response_id=previous_response_id,
+                             store=store, key_id=key_id))
+    chain = {'previous_response_id': previous_response_id} if previous_response_id else {}
+    request = Request(text=conversation.text, system=conversation.system, history=conversation.turns,
+                      params=params, stream=stream, chain=chain)
+    body = provider.build_request(request)
+    if not store and 'store' in body:
+        body['store'] = False       # the request said store: false; the backend must not keep it either
+    headers = provider.headers()
+    if stream:
+        answer = provider.read_stream(transport.post_stream(provider.url(stream=True), headers, body))
+    else:
+        answer = _plain(provider, transport, headers, body)
+    return _counted(conn, key_id, _done_events(answer))
+
+
+@dataclass(frozen=True)
+class Done:
+    """The gateway's own last event: the result and the whole :class:`Reply` it came from."""
+
+    reply: Reply
+    type: str = 'done'
+    text: str = ''
+
+    @property
+    def result(self) -> dict:
+        return self.reply.as_result()
+
+
+def _done_events(answer: Iterator) -> Iterator:
+    """A provider's parse ends with its Reply; the gateway hands it on as a ``done`` event."""
+    for event in answer:
+        yield Done(event) if isinstance(event, Reply) else event
+
+
+def _plain(provider: Any, transport: Any, headers: dict, body: dict) -> Iterator[Reply]:
+    yield provider.done(provider.parse_response(transport.post(provider.url(stream=False), headers, body)))
+
+
+def _counted(conn: Any, key_id: str, answer: Iterator[Event]) -> Iterator[Event]:
+    usage = getattr(conn, 'usage', None)     # the operations usage ledger (llmconn.usage), when there is one
+    if usage is None:
+        return answer
+    return usage.call(conn.name, conn.conf.model, key_id).track(answer)
+
+
+def _whole(answer: Iterator[Event]) -> Iterator[Event]:
+    for event in answer:
+        reply = event.reply
+        if reply.thinking:
+            yield Event('thinking', text=reply.thinking)
+        if reply.text:
+            yield Event('text', text=reply.text)
+        yield event
+
+
+def finish(conn: Any, raw: Any) -> tuple[str, str]:
+    """``("completed", "")`` or ``("incomplete", reason)`` from the provider's raw answer."""
+    if not isinstance(raw, dict):
+        return 'completed', ''
+    if kind(conn) == RESPONSES_KIND:
+        if raw.get('status') == 'incomplete':
+            return 'incomplete', (raw.get('incomplete_details') or {}).get('reason') or 'max_output_tokens'
+        return 'completed', ''
+    field, reasons = _INCOMPLETE.get(kind(conn), ('', {}))
+    value = raw.get(field)
+    if value is None:
+        holder = (raw.get('choices') or raw.get('candidates') or [{}])[0]
+        value = holder.get(field) if isinstance(holder, dict) else None
+    reason = reasons.get(value)
+    return ('incomplete', reason) if reason else ('completed', '')
+
+
+def provider_response_id(reply: Any) -> str:
+    return getattr(reply, 'response_id', '') or ''
+
+
+def opaque_items(conn: Any, reply: Any) -> dict | None:
+    """The reply's provider items, tagged, for replay to the same provider/model/mode only."""
+    items = getattr(reply, 'items', ()) or ()
+    return {'tag': conn.provider.tag, 'items': list(items)} if items else None

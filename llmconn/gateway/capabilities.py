@@ -1,0 +1,247 @@
+"""The capability matrix: per route and provider kind, what becomes of each request field.
+
+Every field a client may send is listed here, per route, with one
+:class:`Support` per provider kind: ``native`` (the backend does it),
+``emulated`` (the gateway does it, with no loss unless ``loss`` says so) or
+``unsupported``. An unsupported field is a 400 naming it, unless the
+request's ``fallback_policy`` names the field's ``loss``: then it is dropped,
+and the answer carries the loss in ``metadata["llmconn_downgrades"]``. A
+field without a loss name can never be dropped (tools: dropping them would
+answer a different question). A field whose value is a no-op (``n: 1``,
+``tool_choice: "auto"`` without tools) is accepted on every backend.
+
+``docs/gateway.md``'s compatibility tables are generated from this data
+(:mod:`llmconn.gateway.docs`); a test keeps the two equal. Fields not listed
+are refused as unknown (:func:`llmconn.gateway.policy.resolve`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+NATIVE, EMULATED, UNSUPPORTED = 'native', 'emulated', 'unsupported'
+KINDS = ('openai-responses', 'openai', 'claude', 'gemini')
+RESPONSES, CHAT = 'responses', 'chat.completions'
+
+# Loss names a client can allow (the vocabulary of fallback_policy.allowed_losses).
+LOSSES = {
+    'sampling_params_ignored': 'temperature / top_p / penalties / seed are not sent',
+    'max_output_tokens_ignored': 'the connection\'s max_tokens applies instead',
+    'reasoning_settings_ignored': 'reasoning effort is the connection\'s configuration, not the request\'s',
+    'output_format_not_enforced': 'a JSON format is not enforced by the backend',
+    'stop_ignored': 'stop sequences are not sent',
+    'hint_ignored': 'user / cache / safety / service-tier hints are not forwarded',
+    'include_ignored': 'extra output data asked for by include is not returned',
+    'no_logprobs': 'log probabilities are not returned',
+    'no_auto_truncation': 'input is not truncated to fit; an overlong input fails',
+    'not_stored': 'the completion is not stored (this route is stateless)',
+    'system_messages_hoisted': 'system/developer messages after the first turn move into the system prompt',
+    'messages_merged': 'consecutive messages of one role are joined into one',
+}
+
+Mapper = Callable[[Any], dict]
+
+
+@dataclass(frozen=True)
+class Support:
+    """How one provider kind handles one field."""
+
+    level: str
+    how: str = ''
+    loss: str = ''                       # the loss name that lets an unsupported field be dropped
+    to_params: Mapper | None = None      # request value -> provider body params
+
+
+@dataclass(frozen=True)
+class Field:
+    """One request field of a route: how each kind treats it, and which values are no-ops."""
+
+    name: str
+    support: dict[str, Support]
+    trivial: Callable[[Any], bool] = field(default=lambda value: value is None)
+    structural: bool = False             # handled by the route itself (input, store, ...)
+
+
+def _same(level: str, how: str = '', loss: str = '', to_params: Mapper | None = None) -> dict[str, Support]:
+    return {kind: Support(level, how, loss, to_params) for kind in KINDS}
+
+
+def _param(name: str) -> Mapper:
+    return lambda value: {name: value}
+
+
+def _generation(name: str) -> Mapper:
+    return lambda value: {'generationConfig': {name: value}}
+
+
+def _stop_list(value: Any) -> list:
+    return [value] if isinstance(value, str) else list(value or ())
+
+
+def _chat_format(text: Any) -> dict:
+    """Responses ``text.format`` as Chat Completions ``response_format``."""
+    fmt = dict((text or {}).get('format') or {})
+    if fmt.get('type') != 'json_schema':
+        return {'response_format': fmt}
+    schema = {k: fmt[k] for k in ('name', 'schema', 'strict', 'description') if k in fmt}
+    return {'response_format': {'type': 'json_schema', 'json_schema': schema}}
+
+
+def _responses_format(fmt: Any) -> dict:
+    """Chat Completions ``response_format`` as Responses ``text.format``."""
+    fmt = dict(fmt or {})
+    if fmt.get('type') == 'json_schema':
+        fmt = {'type': 'json_schema', **(fmt.get('json_schema') or {})}
+    return {'text': {'format': fmt}}
+
+
+def _sampling(name: str, gemini: str, kinds=('openai-responses', 'openai', 'claude', 'gemini')) -> dict:
+    support = {}
+    for kind in KINDS:
+        if kind not in kinds:
+            support[kind] = Support(UNSUPPORTED, loss='sampling_params_ignored')
+        elif kind == 'gemini':
+            support[kind] = Support(NATIVE, f'generationConfig.{gemini}', to_params=_generation(gemini))
+        else:
+            support[kind] = Support(NATIVE, to_params=_param(name))
+    return support
+
+
+def _max_tokens() -> dict:
+    return {'openai-responses': Support(NATIVE, 'max_output_tokens', to_params=_param('max_output_tokens')),
+            'openai': Support(NATIVE, 'max_tokens', to_params=_param('max_tokens')),
+            'claude': Support(NATIVE, 'max_tokens', to_params=_param('max_tokens')),
+            'gemini': Support(NATIVE, 'generationConfig.maxOutputTokens', to_params=_generation('maxOutputTokens'))}
+
+
+def _hints(name: str, claude: Support | None = None) -> dict:
+    unsupported = Support(UNSUPPORTED, loss='hint_ignored')
+    return {'openai-responses': Support(NATIVE, to_params=_param(name)),
+            'openai': Support(NATIVE, to_params=_param(name)),
+            'claude': claude or unsupported, 'gemini': unsupported}
+
+
+_tools_pending = _same(UNSUPPORTED, 'tool calling through the gateway is not available yet')
+_claude_user = Support(EMULATED, 'metadata.user_id', to_params=lambda v: {'metadata': {'user_id': v}})
+_no_tools_value = {'tool_choice': lambda v: v in (None, 'auto', 'none'),
+                   'parallel_tool_calls': lambda v: True, 'max_tool_calls': lambda v: True}
+
+
+def _is_text_format(value: Any) -> bool:
+    """``text`` asking for nothing but plain text (the default)."""
+    if not value:
+        return True
+    return ((value.get('format') or {}).get('type', 'text') == 'text') and not value.get('verbosity')
+
+
+_STRUCTURAL_RESPONSES = [
+    Field('model', _same(NATIVE, 'names a connection'), structural=True),
+    Field('input', _same(NATIVE, 'text and message items; images, files and tool items are refused; a system '
+                                 'message after the first turn or two of one role in a row are the losses '
+                                 'system_messages_hoisted and messages_merged'),
+          structural=True),
+    Field('instructions', _same(NATIVE, 'system prompt; never carried over to the next response'),
+          structural=True),
+    Field('previous_response_id', {
+        'openai-responses': Support(NATIVE, 'with state: provider; else replayed by the gateway'),
+        **{k: Support(EMULATED, 'the gateway replays the stored items (standard retention only)')
+           for k in ('openai', 'claude', 'gemini')}}, structural=True),
+    Field('store', _same(NATIVE, 'false: only ids, times, status and counts are kept'), structural=True),
+    Field('stream', _same(EMULATED, 'the lifecycle events are rebuilt from the provider\'s stream'),
+          structural=True),
+    Field('stream_options', _same(NATIVE, 'accepted'), structural=True),
+    Field('metadata', _same(NATIVE, 'kept by the gateway, returned with the response'), structural=True),
+    Field('fallback_policy', _same(NATIVE, 'the gateway\'s own: which losses a request accepts'),
+          structural=True),
+]
+
+RESPONSES_FIELDS: dict[str, Field] = {f.name: f for f in _STRUCTURAL_RESPONSES + [
+    Field('temperature', _sampling('temperature', 'temperature')),
+    Field('top_p', _sampling('top_p', 'topP')),
+    Field('max_output_tokens', _max_tokens()),
+    Field('reasoning', {
+        'openai-responses': Support(NATIVE, to_params=_param('reasoning')),
+        'openai': Support(EMULATED, 'reasoning.effort as reasoning_effort',
+                          to_params=lambda v: {'reasoning_effort': v['effort']} if (v or {}).get('effort') else {}),
+        'claude': Support(UNSUPPORTED, 'thinking is set per connection', 'reasoning_settings_ignored'),
+        'gemini': Support(UNSUPPORTED, loss='reasoning_settings_ignored')}),
+    Field('text', {
+        'openai-responses': Support(NATIVE, to_params=_param('text')),
+        'openai': Support(EMULATED, 'as response_format', to_params=_chat_format),
+        'claude': Support(UNSUPPORTED, loss='output_format_not_enforced'),
+        'gemini': Support(UNSUPPORTED, loss='output_format_not_enforced')}, trivial=_is_text_format),
+    Field('truncation', {'openai-responses': Support(NATIVE, to_params=_param('truncation')),
+                         **{k: Support(UNSUPPORTED, loss='no_auto_truncation') for k in ('openai', 'claude', 'gemini')}},
+          trivial=lambda v: v in (None, 'disabled')),
+    Field('user', _hints('user', _claude_user)),
+    Field('safety_identifier', _hints('safety_identifier')),
+    Field('prompt_cache_key', _hints('prompt_cache_key')),
+    Field('service_tier', _hints('service_tier'), trivial=lambda v: v in (None, 'auto')),
+    Field('include', _same(UNSUPPORTED, 'output items beyond messages and reasoning are not returned',
+                           'include_ignored'), trivial=lambda v: not v),
+    Field('top_logprobs', _same(UNSUPPORTED, loss='no_logprobs'), trivial=lambda v: not v),
+    Field('background', _same(UNSUPPORTED, 'background responses are not offered'), trivial=lambda v: not v),
+    Field('conversation', _same(UNSUPPORTED, 'use previous_response_id')),
+    Field('prompt', _same(UNSUPPORTED, 'stored prompt templates are not offered')),
+    Field('tools', _tools_pending, trivial=lambda v: not v),
+    *[Field(name, _tools_pending, trivial=ok) for name, ok in _no_tools_value.items()],
+]}
+
+CHAT_FIELDS: dict[str, Field] = {f.name: f for f in [
+    Field('model', _same(NATIVE, 'names a connection'), structural=True),
+    Field('messages', _same(NATIVE, 'text messages; images, audio and tool messages are refused'),
+          structural=True),
+    Field('stream', _same(EMULATED, 'chat.completion.chunk events rebuilt from the provider\'s stream'),
+          structural=True),
+    Field('stream_options', _same(NATIVE, 'include_usage honoured'), structural=True),
+    Field('fallback_policy', _same(NATIVE, 'the gateway\'s own: which losses a request accepts'),
+          structural=True),
+    Field('metadata', _same(NATIVE, 'returned in the llmconn_downgrades marker only'), structural=True),
+    Field('store', _same(UNSUPPORTED, 'this route is stateless', 'not_stored'), trivial=lambda v: not v),
+    Field('temperature', _sampling('temperature', 'temperature')),
+    Field('top_p', _sampling('top_p', 'topP')),
+    Field('max_tokens', _max_tokens()),
+    Field('max_completion_tokens', _max_tokens()),
+    Field('n', _same(UNSUPPORTED, 'one choice per request'), trivial=lambda v: v in (None, 1)),
+    Field('stop', {'openai': Support(NATIVE, to_params=_param('stop')),
+                   'claude': Support(EMULATED, 'stop_sequences', to_params=lambda v: {'stop_sequences': _stop_list(v)}),
+                   'gemini': Support(NATIVE, 'generationConfig.stopSequences',
+                                     to_params=lambda v: {'generationConfig': {'stopSequences': _stop_list(v)}}),
+                   'openai-responses': Support(UNSUPPORTED, loss='stop_ignored')}),
+    Field('presence_penalty', _sampling('presence_penalty', 'presencePenalty', ('openai', 'gemini'))),
+    Field('frequency_penalty', _sampling('frequency_penalty', 'frequencyPenalty', ('openai', 'gemini'))),
+    Field('seed', _sampling('seed', 'seed', ('openai', 'gemini'))),
+    Field('response_format', {
+        'openai': Support(NATIVE, to_params=_param('response_format')),
+        'openai-responses': Support(EMULATED, 'as text.format', to_params=_responses_format),
+        'claude': Support(UNSUPPORTED, loss='output_format_not_enforced'),
+        'gemini': Support(UNSUPPORTED, loss='output_format_not_enforced')},
+          trivial=lambda v: v is None or (v or {}).get('type') == 'text'),
+    Field('reasoning_effort', {
+        'openai': Support(NATIVE, to_params=_param('reasoning_effort')),
+        'openai-responses': Support(EMULATED, 'reasoning.effort', to_params=lambda v: {'reasoning': {'effort': v}}),
+        'claude': Support(UNSUPPORTED, 'thinking is set per connection', 'reasoning_settings_ignored'),
+        'gemini': Support(UNSUPPORTED, loss='reasoning_settings_ignored')}),
+    Field('user', _hints('user', _claude_user)),
+    Field('safety_identifier', _hints('safety_identifier')),
+    Field('prompt_cache_key', _hints('prompt_cache_key')),
+    Field('service_tier', _hints('service_tier'), trivial=lambda v: v in (None, 'auto')),
+    Field('logprobs', _same(UNSUPPORTED, loss='no_logprobs'), trivial=lambda v: not v),
+    Field('top_logprobs', _same(UNSUPPORTED, loss='no_logprobs'), trivial=lambda v: not v),
+    Field('logit_bias', {'openai': Support(NATIVE, to_params=_param('logit_bias')),
+                         **{k: Support(UNSUPPORTED, loss='sampling_params_ignored')
+                            for k in ('openai-responses', 'claude', 'gemini')}}, trivial=lambda v: not v),
+    Field('modalities', _same(UNSUPPORTED, 'text only'), trivial=lambda v: not v or list(v) == ['text']),
+    Field('audio', _same(UNSUPPORTED, 'text only')),
+    Field('prediction', _same(UNSUPPORTED)),
+    Field('web_search_options', _same(UNSUPPORTED, 'hosted tools are not available yet')),
+    Field('tools', _tools_pending, trivial=lambda v: not v),
+    Field('functions', _tools_pending, trivial=lambda v: not v),
+    Field('function_call', _tools_pending, trivial=lambda v: v in (None, 'auto', 'none')),
+    *[Field(name, _tools_pending, trivial=ok) for name, ok in _no_tools_value.items() if name != 'max_tool_calls'],
+]}
+
+ROUTES = {RESPONSES: RESPONSES_FIELDS, CHAT: CHAT_FIELDS}
+

@@ -1,0 +1,139 @@
+"""``POST /v1/chat/completions``: its own contract, stateless, never an alias of Responses.
+
+Nothing of a completion is stored: only the day's usage counters of the
+tenant, key and model are updated. Streams are ``chat.completion.chunk``
+objects ending in ``data: [DONE]``; ``stream_options.include_usage`` adds
+the final chunk with ``choices: []`` and the usage, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+import time as mod_time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from llmconn.errors import GatewayError, LLMConnError, StoreError
+from llmconn.gateway import backend, items as mod_items
+from llmconn.gateway.capabilities import CHAT
+from llmconn.gateway.policy import Policy, resolve
+from llmconn.gateway.responses import DOWNGRADES_KEY
+from llmconn.gateway.stream import ChatChunks, chat_sse
+
+logger = logging.getLogger('llmconn.gateway')
+
+_FINISH = {'completed': 'stop', 'incomplete': 'length'}
+
+
+@dataclass
+class ChatCall:
+    key: Any
+    conn: Any
+    model: str
+    stream: bool
+    include_usage: bool
+    conversation: mod_items.Conversation
+    params: dict
+    downgrades: list
+    id: str = field(default_factory=lambda: 'chatcmpl-' + secrets.token_hex(16))
+    created: int = field(default_factory=lambda: int(mod_time.time()))
+
+    def extra(self) -> dict:
+        """What the gateway adds to the completion: the downgrades it accepted, if any."""
+        return {'metadata': {DOWNGRADES_KEY: ','.join(self.downgrades)}} if self.downgrades else {}
+
+
+def prepare(gw: Any, key: Any, body: Any) -> ChatCall:
+    if not isinstance(body, dict):
+        raise GatewayError('the request body must be a JSON object')
+    model = body.get('model')
+    conn = gw.connection(key, model)
+    policy = Policy.parse(body.get('fallback_policy'))
+    resolution = resolve(CHAT, backend.kind(conn), body, policy)
+    stream = body.get('stream') or False
+    options = body.get('stream_options') or {}
+    if not isinstance(stream, bool) or not isinstance(options, dict):
+        raise GatewayError('stream must be true or false and stream_options an object', param='stream')
+    conversation = mod_items.to_conversation(mod_items.from_chat_messages(body.get('messages')), '', policy,
+                                             resolution)
+    if resolution.downgrades:
+        logger.info('Downgrade accepted: tenant=%s key=%s model=%s losses=%s', key.tenant, key.id, model,
+                    ','.join(resolution.downgrades))
+    return ChatCall(key, conn, model, stream, bool(options.get('include_usage')), conversation,
+                    resolution.params, resolution.downgrades)
+
+
+def _events(call: ChatCall) -> Iterator:
+    # Stateless all the way: a backend that would keep the exchange (Responses, state: provider) is told not to.
+    return backend.events(call.conn, call.conversation, call.params, call.stream, store=False,
+                          key_id=call.key.id)
+
+
+def _usage(reply: Any) -> dict:
+    return {'prompt_tokens': reply.input_tokens, 'completion_tokens': reply.output_tokens,
+            'total_tokens': reply.input_tokens + reply.output_tokens}
+
+
+def complete(gw: Any, call: ChatCall) -> dict:
+    try:
+        reply = next(e for e in _events(call) if e.type == 'done').reply
+    except LLMConnError:
+        _count(gw, call, 'failed', None)
+        raise
+    status, _ = backend.finish(call.conn, reply.raw)
+    _count(gw, call, status, reply)
+    message: dict = {'role': 'assistant', 'content': reply.text, 'refusal': None}
+    if reply.thinking:
+        message['reasoning_content'] = reply.thinking
+    return {'id': call.id, 'object': 'chat.completion', 'created': call.created, 'model': call.model,
+            'choices': [{'index': 0, 'message': message, 'finish_reason': _FINISH[status], 'logprobs': None}],
+            'usage': _usage(reply), **call.extra()}
+
+
+def stream(gw: Any, call: ChatCall) -> Iterator[bytes]:
+    events = _events(call)
+    try:
+        first = next(events)
+    except LLMConnError:
+        _count(gw, call, 'failed', None)
+        raise
+    return _body(gw, call, ChatChunks(call.id, call.created, call.model, call.include_usage),
+                 itertools.chain([first], events), events)
+
+
+def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provider: Any) -> Iterator[bytes]:
+    ended = False
+    try:
+        for chunk in chunks.start():
+            yield chat_sse(chunk)
+        for event in events:
+            if event.type != 'done':
+                for chunk in chunks.feed(event.type, event.text):
+                    yield chat_sse(chunk)
+                continue
+            status, _ = backend.finish(call.conn, event.reply.raw)
+            ended = True
+            _count(gw, call, status, event.reply)
+            for chunk in chunks.finish(event.reply.text, _FINISH[status], _usage(event.reply), call.extra()):
+                yield chat_sse(chunk)
+            return
+    except LLMConnError as e:
+        ended = True
+        _count(gw, call, 'failed', None)
+        # Chat Completions has no failure event: OpenAI sends an error object in the stream and stops.
+        yield chat_sse({'error': {'message': str(e), 'type': 'server_error', 'param': None, 'code': None}})
+    finally:
+        provider.close()
+        if not ended:
+            _count(gw, call, 'cancelled', None)
+
+
+def _count(gw: Any, call: ChatCall, status: str, reply: Any) -> None:
+    usage = {'input_tokens': reply.input_tokens, 'output_tokens': reply.output_tokens} if reply else {}
+    try:
+        gw.ledger.count({'tenant': call.key.tenant, 'key_id': call.key.id, 'model': call.model,
+                         'status': status, 'usage': usage, 'created_at': call.created})
+    except StoreError as e:
+        logger.error('Could not count usage of a completion of %s: %s', call.model, e)

@@ -1,0 +1,115 @@
+"""Sending a prepared Responses call and recording what happened, plain or streamed.
+
+A response's record is saved before its answer goes out: a client that has
+``response.completed`` (or the JSON body) can continue from its id at once,
+on any gateway process sharing the Redis. A response is recorded
+``in_progress`` first (before the provider is called, so a store outage costs
+no tokens), then ``completed`` / ``incomplete`` / ``failed``; if
+the client goes away mid-stream the server closes the body, which closes
+the provider's stream (its HTTP connection) and records the response
+``cancelled`` with the usage seen so far (estimated from the streamed text
+when the provider had not reported any, and marked so).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any, Iterator
+
+from llmconn.errors import LLMConnError, StoreError
+from llmconn.gateway import backend, items as mod_items
+from llmconn.gateway.responses import Call, output_items, record, response_object, usage_object
+from llmconn.gateway.stream import ResponseEvents, estimated_usage, sse
+
+logger = logging.getLogger('llmconn.gateway')
+
+
+def _provider_events(call: Call, stream: bool) -> Iterator:
+    return backend.events(call.conn, call.conversation, call.params, stream,
+                          previous_response_id=call.provider_previous_id, store=call.store, key_id=call.key.id)
+
+
+def _finished(call: Call, reply: Any) -> tuple[str, str, dict, dict]:
+    status, reason = backend.finish(call.conn, reply.raw)
+    usage = usage_object(reply.input_tokens, reply.output_tokens)
+    answer = mod_items.message('assistant', reply.text, backend.opaque_items(call.conn, reply))
+    return status, reason, usage, answer
+
+
+def respond(gw: Any, call: Call) -> dict:
+    """A plain (unstreamed) response: record it started, call, record the ending, answer."""
+    gw.ledger.save(record(call, 'in_progress', None, []), call.expiry)     # a store outage costs no tokens
+    try:
+        reply = next(e for e in _provider_events(call, False) if e.type == 'done').reply
+    except LLMConnError as e:
+        _record_failure(gw, call, e, [])
+        raise
+    status, reason, usage, answer = _finished(call, reply)
+    output = output_items(reply.thinking, reply.text, status)
+    gw.ledger.save(record(call, status, usage, output, provider_id=reply.response_id, answer=answer,
+                          reason=reason), call.expiry, count_usage=True)
+    return response_object(call, status, output, usage, reason=reason)
+
+
+def stream(gw: Any, call: Call) -> Iterator[bytes]:
+    """The SSE body of a streamed response; the provider is reached (and may refuse) before this returns."""
+    gw.ledger.save(record(call, 'in_progress', None, []), call.expiry)
+    events = _provider_events(call, True)
+    try:
+        first = next(events)
+    except LLMConnError as e:
+        _record_failure(gw, call, e, [])
+        raise
+    normalizer = ResponseEvents(response_object(call, 'in_progress', [], None))
+    return _body(gw, call, normalizer, itertools.chain([first], events), events)
+
+
+def _body(gw: Any, call: Call, normalizer: ResponseEvents, events: Iterator, provider: Any) -> Iterator[bytes]:
+    ended = False
+    try:
+        for event in normalizer.start():
+            yield sse(event)
+        for event in events:
+            if event.type != 'done':
+                for out in normalizer.feed(event.type, event.text):
+                    yield sse(out)
+                continue
+            reply = event.reply
+            status, reason, usage, answer = _finished(call, reply)
+            closing = normalizer.finish(reply.text, response_object(call, status, [], usage, reason=reason))
+            gw.ledger.save(record(call, status, usage, normalizer.output, provider_id=reply.response_id,
+                                  answer=answer, reason=reason), call.expiry, count_usage=True)
+            ended = True
+            for out in closing:
+                yield sse(out)
+            return
+    except LLMConnError as e:
+        ended = True
+        closing = normalizer.fail(response_object(call, 'failed', [], None, error=_error(e)))
+        _record_failure(gw, call, e, normalizer.output)
+        for out in closing:
+            yield sse(out)
+    finally:
+        provider.close()        # a client that left closes the provider's stream too
+        if not ended:
+            usage = estimated_usage(normalizer.streamed_chars)
+            logger.info('Response %s cancelled by the client after %d streamed characters', call.id,
+                        normalizer.streamed_chars)
+            _save_quietly(gw, record(call, 'cancelled', usage, normalizer.partial_output()), call)
+
+
+def _save_quietly(gw: Any, rec: dict, call: Call) -> None:
+    """Record an ending that has no one left to report a store failure to."""
+    try:
+        gw.ledger.save(rec, call.expiry, count_usage=True)
+    except StoreError as e:
+        logger.error('Could not record response %s as %s: %s', call.id, rec['status'], e)
+
+
+def _error(e: Exception) -> dict:
+    return {'code': 'server_error', 'message': str(e)}
+
+
+def _record_failure(gw: Any, call: Call, e: Exception, output: list) -> None:
+    _save_quietly(gw, record(call, 'failed', None, output, error=_error(e)), call)

@@ -1,0 +1,100 @@
+"""A request's fields against the capability matrix: mapped to provider params, dropped as a named loss, or refused.
+
+:func:`resolve` walks every field of a request body: unknown fields are
+refused; structural ones (input, store, ...) are the route's business;
+no-op values pass; a native or emulated field becomes provider params; an
+unsupported one is a 400 naming it unless the request's :class:`Policy`
+accepts its loss, which :class:`Resolution` then records for the answer's
+``metadata["llmconn_downgrades"]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmconn.errors import GatewayError
+from llmconn.gateway.capabilities import LOSSES, ROUTES, UNSUPPORTED, Support
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A request's ``fallback_policy``: the losses it accepts (none by default)."""
+
+    allow_lossy: bool = False
+    allowed_losses: frozenset = frozenset()
+
+    @classmethod
+    def parse(cls, raw: Any) -> 'Policy':
+        if raw is None:
+            return cls()
+        if not isinstance(raw, dict) or set(raw) - {'allow_lossy', 'allowed_losses'}:
+            raise GatewayError('fallback_policy must be {"allow_lossy": bool, "allowed_losses": [loss, ...]}',
+                               param='fallback_policy')
+        allow, losses = raw.get('allow_lossy', False), raw.get('allowed_losses') or []
+        if not isinstance(allow, bool) or not isinstance(losses, list) or not all(isinstance(x, str) for x in losses):
+            raise GatewayError('fallback_policy.allow_lossy is a bool and allowed_losses a list of loss names',
+                               param='fallback_policy')
+        unknown = sorted(set(losses) - set(LOSSES))
+        if unknown:
+            raise GatewayError(f'fallback_policy.allowed_losses: unknown loss {", ".join(unknown)}; '
+                               f'known losses are {", ".join(sorted(LOSSES))}', param='fallback_policy.allowed_losses')
+        return cls(allow, frozenset(losses))
+
+    def allows(self, loss: str) -> bool:
+        return bool(loss) and self.allow_lossy and loss in self.allowed_losses
+
+
+@dataclass
+class Resolution:
+    """What the fields of one request become: provider params, and the losses accepted on the way."""
+
+    params: dict = field(default_factory=dict)
+    downgrades: list = field(default_factory=list)
+
+    def downgrade(self, name: str, loss: str) -> None:
+        entry = f'{name}:{loss}'
+        if entry not in self.downgrades:
+            self.downgrades.append(entry)
+
+
+def check_loss(resolution: Resolution, policy: Policy, name: str, loss: str, why: str) -> None:
+    """Accept the named loss when the policy allows it, else refuse the request (400 naming ``name``)."""
+    if policy.allows(loss):
+        resolution.downgrade(name, loss)
+        return
+    raise GatewayError(f'{name}: {why}. To accept this, send fallback_policy {{"allow_lossy": true, '
+                       f'"allowed_losses": ["{loss}"]}}', param=name, code='unsupported_field')
+
+
+def resolve(route: str, kind: str, body: dict, policy: Policy) -> Resolution:
+    """Map every non-structural field of ``body`` for ``kind``; refuse what cannot be honoured."""
+    fields = ROUTES[route]
+    unknown = sorted(set(body) - set(fields))
+    if unknown:
+        raise GatewayError(f'unknown field {unknown[0]!r} for {route}; the gateway refuses fields it does not know '
+                           f'rather than ignore them', param=unknown[0], code='unknown_field')
+    resolution = Resolution()
+    for name, value in body.items():
+        spec = fields[name]
+        if spec.structural or spec.trivial(value):
+            continue
+        support = spec.support.get(kind) or Support(UNSUPPORTED)
+        if support.level == UNSUPPORTED:
+            if not support.loss:
+                raise GatewayError(f'{name} is not supported with a {kind} backend'
+                                   + (f' ({support.how})' if support.how else ''), param=name,
+                                   code='unsupported_field')
+            check_loss(resolution, policy, name, support.loss, f'not supported with a {kind} backend')
+            continue
+        if support.to_params is not None:
+            _merge(resolution.params, support.to_params(value))
+    return resolution
+
+
+def _merge(into: dict, new: dict) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value

@@ -1,0 +1,239 @@
+"""``/v1/responses``: a request checked and resolved into a provider call, and the Response it makes.
+
+:func:`prepare` does every check before any network call: the key's
+models and hosted tools, each field against the capability matrix, the
+input, and ``previous_response_id`` (same tenant, a stored mode, a status
+that can be continued). It decides the new response's store mode::
+
+    store: false                                   -> none
+    the backend keeps state (Responses, state: provider)   -> provider
+    retention: zero                                -> none
+    otherwise                                      -> gateway (the ledger keeps the items to replay)
+
+``instructions`` belong to one response only: they are hashed into its
+record and never carried over, as OpenAI defines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time as mod_time
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmconn.errors import GatewayError
+from llmconn.gateway import backend, items as mod_items
+from llmconn.gateway.capabilities import RESPONSES
+from llmconn.gateway.policy import Policy, resolve
+from llmconn.gateway.ledger import new_response_id
+from llmconn.gateway.stream import message_item, reasoning_item
+
+logger = logging.getLogger('llmconn.gateway')
+
+DOWNGRADES_KEY = 'llmconn_downgrades'
+MAX_METADATA_KEYS = 16          # OpenAI's limits on metadata
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+_CONTINUABLE = ('completed', 'incomplete')
+
+
+@dataclass
+class Call:
+    """One checked Responses request, ready to be sent."""
+
+    key: Any
+    conn: Any
+    model: str
+    stream: bool
+    store: bool
+    mode: str
+    instructions: str | None
+    metadata: dict
+    params: dict
+    downgrades: list
+    conversation: mod_items.Conversation
+    context: list                  # the canonical items the new response continues (gateway mode)
+    previous: dict | None
+    provider_previous_id: str = ''
+    expiry: float = 30 * 86400     # seconds the record is kept (gateway.response_expiry)
+    id: str = field(default_factory=new_response_id)
+    created_at: float = field(default_factory=mod_time.time)
+
+
+def prepare(gw: Any, key: Any, body: Any) -> Call:
+    """Check a create request whole, before any network call, and resolve it into a :class:`Call`."""
+    if not isinstance(body, dict):
+        raise GatewayError('the request body must be a JSON object')
+    model = body.get('model')
+    conn = gw.connection(key, model)
+    check_hosted_tools(key, body.get('tools'))
+    policy = Policy.parse(body.get('fallback_policy'))
+    resolution = resolve(RESPONSES, backend.kind(conn), body, policy)
+    store, stream = _flag(body, 'store', True), _flag(body, 'stream', False)
+    instructions = body.get('instructions')
+    if instructions is not None:
+        mod_items.check_text(instructions, 'instructions')
+    if 'input' not in body:
+        raise GatewayError('input is required', param='input')
+    new_items = mod_items.from_responses_input(body['input'])
+    previous = _previous(gw, key, body.get('previous_response_id'), conn)
+    mode = 'none' if not store else 'provider' if backend.keeps_state(conn) else \
+        'none' if key.retention == 'zero' else 'gateway'
+    context, conversation = _conversation(previous, new_items, instructions or '', policy, resolution)
+    if resolution.downgrades:
+        logger.info('Downgrade accepted: tenant=%s key=%s model=%s losses=%s', key.tenant, key.id, model,
+                    ','.join(resolution.downgrades))
+    return Call(key=key, conn=conn, model=model, stream=stream, store=store, mode=mode,
+                instructions=instructions, metadata=_metadata(body.get('metadata'), resolution.downgrades),
+                params=resolution.params, downgrades=resolution.downgrades, conversation=conversation,
+                context=context, previous=previous, expiry=gw.config.response_expiry,
+                provider_previous_id=previous['provider_response_id'] if _provider_kept(previous) else '')
+
+
+def _provider_kept(previous: dict | None) -> bool:
+    return previous is not None and previous['store_mode'] == 'provider'
+
+
+def _conversation(previous: dict | None, new_items: list, instructions: str, policy: Policy,
+                  resolution: Any) -> tuple[list, mod_items.Conversation]:
+    """The items the new response continues, and what the provider is sent of them.
+
+    A chain the backend keeps gets only the new input; otherwise the stored items are replayed.
+    """
+    if _provider_kept(previous):
+        conversation = mod_items.to_conversation(new_items, instructions, policy, resolution)
+        if conversation.turns:
+            raise GatewayError('input may hold only new user messages when previous_response_id continues a '
+                               'response the backend keeps', param='input')
+        return list(new_items), conversation
+    context = list(previous.get('context') or ()) + new_items if previous else list(new_items)
+    return context, mod_items.to_conversation(context, instructions, policy, resolution)
+
+
+def check_hosted_tools(key: Any, tools: Any) -> None:
+    """Hosted tools the key does not allow are refused first, before anything else is looked at."""
+    if not tools:
+        return
+    if not isinstance(tools, list):
+        raise GatewayError('tools must be a list', param='tools')
+    for index, tool in enumerate(tools):
+        kind = tool.get('type') if isinstance(tool, dict) else None
+        if kind not in (None, 'function', 'custom') and kind not in key.hosted_tools:
+            raise GatewayError(f'tools[{index}]: this key may not use the hosted tool {kind!r}',
+                               param=f'tools[{index}].type', code='hosted_tool_not_allowed')
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise GatewayError(f'{name} must be true or false', param=name)
+    return value
+
+
+def _metadata(raw: Any, downgrades: list) -> dict:
+    metadata = {} if raw is None else raw
+    if not isinstance(metadata, dict) or len(metadata) > MAX_METADATA_KEYS or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= MAX_METADATA_KEY_CHARS
+            and len(v) <= MAX_METADATA_VALUE_CHARS for k, v in metadata.items()):
+        raise GatewayError(f'metadata must map at most {MAX_METADATA_KEYS} keys (up to {MAX_METADATA_KEY_CHARS} '
+                           f'characters) to strings (up to {MAX_METADATA_VALUE_CHARS})', param='metadata')
+    if downgrades:
+        metadata = dict(metadata, **{DOWNGRADES_KEY: ','.join(downgrades)})
+    return metadata
+
+
+def _previous(gw: Any, key: Any, previous_id: Any, conn: Any) -> dict | None:
+    """The record ``previous_response_id`` names, if this key may continue it; else 404 or 400."""
+    if previous_id is None:
+        return None
+    record = gw.ledger.get(key.tenant, previous_id) if isinstance(previous_id, str) else None
+    if record is None or not key.may_use(record['model']):
+        raise GatewayError(f'Previous response with id {previous_id!r} not found.', 404,
+                           param='previous_response_id', code='previous_response_not_found')
+    if record['status'] not in _CONTINUABLE:
+        raise GatewayError(f'previous response {previous_id} is {record["status"]}; only a completed response '
+                           f'can be continued', param='previous_response_id')
+    mode = record['store_mode']
+    if mode == 'none':
+        raise GatewayError(f'previous response {previous_id} was not stored (store: false or a zero-retention '
+                           f'key), so there is nothing to continue from', param='previous_response_id',
+                           code='previous_response_not_stored')
+    if mode == 'provider' and record['model'] != conn.name:
+        raise GatewayError(f'previous response {previous_id} is kept by the backend of model {record["model"]!r}; '
+                           f'continue it with that model', param='previous_response_id')
+    if mode == 'gateway' and key.retention == 'zero':
+        raise GatewayError('a zero-retention key cannot continue a response the gateway keeps; the replay would '
+                           'reuse retained conversation text', param='previous_response_id')
+    return record
+
+
+def instructions_hash(instructions: str | None) -> str:
+    return 'sha256:' + hashlib.sha256(instructions.encode('utf-8')).hexdigest() if instructions else ''
+
+
+def usage_object(input_tokens: int, output_tokens: int, estimated: bool = False) -> dict:
+    usage = {'input_tokens': input_tokens, 'input_tokens_details': {'cached_tokens': 0, 'cache_write_tokens': 0},
+             'output_tokens': output_tokens, 'output_tokens_details': {'reasoning_tokens': 0},
+             'total_tokens': input_tokens + output_tokens}
+    if estimated:
+        usage['estimated'] = True
+    return usage
+
+
+def response_object(call: Call, status: str, output: list, usage: dict | None, *, reason: str = '',
+                    error: dict | None = None) -> dict:
+    """A Response as OpenAI shapes it (``openai.types.responses.Response`` validates it)."""
+    return {'id': call.id, 'object': 'response', 'created_at': call.created_at, 'status': status,
+            'model': call.model, 'output': output, 'instructions': call.instructions,
+            'metadata': call.metadata, 'previous_response_id': call.previous['id'] if call.previous else None,
+            'usage': usage, 'error': error, 'incomplete_details': {'reason': reason} if reason else None,
+            'parallel_tool_calls': True, 'tool_choice': 'auto', 'tools': [], 'store': call.store,
+            'text': {'format': {'type': 'text'}}, 'truncation': 'disabled', 'background': False}
+
+
+def output_items(thinking: str, text: str, status: str) -> list:
+    out = [reasoning_item(thinking)] if thinking else []
+    return out + [message_item(text, 'incomplete' if status == 'incomplete' else 'completed')]
+
+
+def record(call: Call, status: str, usage: dict | None, output: list, *, provider_id: str = '',
+           answer: dict | None = None, reason: str = '', error: dict | None = None) -> dict:
+    """The ledger record of ``call``; prompt and answer text only when stored under standard retention.
+
+    ``answer`` is the canonical assistant item the response added to the conversation (gateway mode).
+    """
+    ttl = call.expiry
+    rec = {'id': call.id, 'tenant': call.key.tenant, 'key_id': call.key.id, 'model': call.model,
+           'provider_kind': backend.kind(call.conn), 'store_mode': call.mode, 'retention': call.key.retention,
+           'previous_response_id': call.previous['id'] if call.previous else None,
+           'provider_response_id': provider_id if call.mode == 'provider' else '',
+           'created_at': call.created_at, 'expires_at': call.created_at + ttl,
+           'completed_at': None if status == 'in_progress' else mod_time.time(),
+           'status': status, 'usage': usage or {}, 'downgrades': call.downgrades,
+           'counts': {'input_items': len(call.context), 'output_items': len(output)}}
+    keep_text = call.store and call.key.retention == 'standard'
+    if keep_text:
+        rec.update(instructions_hash=instructions_hash(call.instructions), instructions=call.instructions,
+                   metadata=call.metadata, output=output)
+    if reason:
+        rec['incomplete_details'] = {'reason': reason}
+    if error:
+        rec['error'] = error
+    if call.mode == 'gateway' and keep_text and status in _CONTINUABLE and answer is not None:
+        rec['context'] = call.context + [answer]
+    return rec
+
+
+def from_record(rec: dict) -> dict:
+    """The Response a stored record describes (GET /v1/responses/{id})."""
+    status = rec['status']
+    return {'id': rec['id'], 'object': 'response', 'created_at': rec['created_at'], 'status': status,
+            'model': rec['model'], 'output': rec.get('output') or [], 'instructions': rec.get('instructions'),
+            'metadata': rec.get('metadata') or {}, 'previous_response_id': rec.get('previous_response_id'),
+            'usage': rec.get('usage') or None, 'error': rec.get('error'),
+            'incomplete_details': rec.get('incomplete_details'), 'parallel_tool_calls': True,
+            'tool_choice': 'auto', 'tools': [], 'store': True, 'text': {'format': {'type': 'text'}},
+            'truncation': 'disabled', 'background': False}

@@ -1,0 +1,191 @@
+"""HTTP routing of the gateway: authentication, the five routes, OpenAI-shaped errors.
+
+    POST   /v1/responses          create (plain or ``stream: true``)
+    GET    /v1/responses/{id}     a stored response of the key's tenant
+    DELETE /v1/responses/{id}     forget it (its state goes with it)
+    POST   /v1/chat/completions   stateless, plain or streamed
+    GET    /v1/models[/{id}]      the connections the key may use
+
+Every request needs a gateway key (``Authorization: Bearer``); an unknown
+one is 401. A model or response the key may not see is 404, worded as when
+it does not exist. Errors are ``{"error": {"message", "type", "param",
+"code"}}`` so the ``openai`` SDK raises its own exception classes; their
+messages are llmconn's own (no secrets, no tracebacks).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import weakref
+from typing import Any, Iterable
+
+from llmconn.errors import (GatewayError, InvalidInput, LLMAuthError, LLMConnError, LLMError, LLMRateLimited,
+                            LLMTimeout, StoreError)
+from llmconn.gateway import chat_completions, dispatch, responses
+from llmconn.gateway.keys import GatewayConfig, bearer_token, find_key
+from llmconn.gateway.ledger import Ledger, ledger_client
+
+logger = logging.getLogger('llmconn.gateway')
+
+PREFIX = '/v1/'
+MAX_BODY_BYTES = 10 * 1024 * 1024
+_JSON = 'application/json'
+_SSE_HEADERS = [('Content-Type', 'text/event-stream; charset=utf-8'), ('Cache-Control', 'no-cache'),
+                ('X-Accel-Buffering', 'no')]
+_gateways: 'weakref.WeakKeyDictionary[Any, Gateway]' = weakref.WeakKeyDictionary()
+
+
+class Gateway:
+    """The gateway of one registry generation's store: its ledger and the model lookup."""
+
+    def __init__(self, registry: Any) -> None:
+        self.registry = registry
+        self.ledger = Ledger(ledger_client(registry.store))
+
+    @property
+    def config(self) -> GatewayConfig:
+        return self.registry.config.gateway
+
+    def connection(self, key: Any, model: Any) -> Any:
+        """The connection ``model`` names, if the key may use it; 404 as if absent otherwise."""
+        if not isinstance(model, str) or not model:
+            raise GatewayError('model is required: the name of a connection (GET /v1/models lists them)',
+                               param='model')
+        if not key.may_use(model) or model not in self.registry:
+            raise GatewayError(f'The model {model!r} does not exist or you do not have access to it.', 404,
+                               param='model', code='model_not_found')
+        from llmconn.gateway.backend import check_usable
+        conn = self.registry[model]
+        check_usable(conn, model)
+        return conn
+
+
+def gateway_for(registry: Any) -> Gateway:
+    store = registry.store
+    gateway = _gateways.get(store)
+    if gateway is None:
+        gateway = _gateways[store] = Gateway(registry)
+    return gateway
+
+
+def handle(registry: Any, environ: dict, method: str, path: str, cid: str) -> tuple[int, list, Iterable[bytes]]:
+    """Answer one request under ``/v1/``: ``(status, headers, body)``, never raising."""
+    try:
+        gw = gateway_for(registry)
+        if not gw.config.enabled:
+            raise GatewayError('the gateway is not enabled on this server: add gateway.keys to llm.yaml', 404,
+                               code='not_found')
+        key = find_key(gw.config, bearer_token(environ.get('HTTP_AUTHORIZATION', '')))
+        return _route(gw, key, environ, method, path[len(PREFIX):].rstrip('/'))
+    except Exception as e:
+        return error(e, cid, f'{method} {path}')
+
+
+def _route(gw: Gateway, key: Any, environ: dict, method: str, route: str) -> tuple:
+    if route in ('responses', 'chat/completions'):
+        _allow(method, 'POST')
+        body = _read_json(environ)
+        if route == 'responses':
+            call = responses.prepare(gw, key, body)
+            return _sse(dispatch.stream(gw, call)) if call.stream else _json(200, dispatch.respond(gw, call))
+        call = chat_completions.prepare(gw, key, body)
+        return _sse(chat_completions.stream(gw, call)) if call.stream else \
+            _json(200, chat_completions.complete(gw, call))
+    if route.startswith('responses/'):
+        _allow(method, 'GET', 'DELETE')
+        return _stored_response(gw, key, method, route[len('responses/'):])
+    if route == 'models' or route.startswith('models/'):
+        _allow(method, 'GET')
+        models = [_model(name) for name in gw.registry if key.may_use(name)]
+        if route == 'models':
+            return _json(200, {'object': 'list', 'data': models})
+        wanted = route[len('models/'):]
+        found = [m for m in models if m['id'] == wanted]
+        if not found:
+            raise GatewayError(f'The model {wanted!r} does not exist or you do not have access to it.', 404,
+                               param='model', code='model_not_found')
+        return _json(200, found[0])
+    raise GatewayError(f'no gateway route {method} /v1/{route}', 404, code='not_found')
+
+
+def _stored_response(gw: Gateway, key: Any, method: str, response_id: str) -> tuple:
+    missing = GatewayError(f'Response with id {response_id!r} not found.', 404, code='not_found')
+    if method == 'DELETE':
+        if not gw.ledger.delete(key.tenant, response_id):
+            raise missing
+        return _json(200, {'id': response_id, 'object': 'response', 'deleted': True})
+    record = gw.ledger.get(key.tenant, response_id)
+    # Not stored (store: false, zero retention) or of a model this key may not see: as if absent.
+    if record is None or 'output' not in record or not key.may_use(record['model']):
+        raise missing
+    return _json(200, responses.from_record(record))
+
+
+def _model(name: str) -> dict:
+    return {'id': name, 'object': 'model', 'created': 0, 'owned_by': 'llmconn'}
+
+
+def _allow(method: str, *allowed: str) -> None:
+    if method not in allowed:
+        raise GatewayError(f'use {" or ".join(allowed)} here, not {method}', 405, code='method_not_allowed')
+
+
+def _read_json(environ: dict) -> Any:
+    try:
+        length = int(environ.get('CONTENT_LENGTH') or 0)
+    except ValueError:
+        raise GatewayError('the Content-Length header is not a number') from None
+    if length > MAX_BODY_BYTES:
+        raise GatewayError(f'the request body has {length} bytes, more than the limit of {MAX_BODY_BYTES}', 413)
+    raw = environ['wsgi.input'].read(length) if length else environ['wsgi.input'].read(MAX_BODY_BYTES + 1)
+    if len(raw) > MAX_BODY_BYTES:
+        raise GatewayError(f'the request body is larger than the limit of {MAX_BODY_BYTES} bytes', 413)
+    try:
+        return json.loads(raw)
+    except ValueError as e:
+        raise GatewayError(f'the request body is not valid JSON ({e})') from None
+
+
+def classify(e: BaseException) -> GatewayError:
+    """Any exception as the OpenAI-shaped error a client gets."""
+    if isinstance(e, GatewayError):
+        return e
+    if isinstance(e, InvalidInput):
+        return GatewayError(str(e))
+    if isinstance(e, LLMTimeout):
+        return GatewayError(str(e), 504, type='server_error', code='backend_timeout')
+    if isinstance(e, LLMRateLimited):
+        return GatewayError(str(e), 429, type='rate_limit_error', code='rate_limit_exceeded')
+    if isinstance(e, LLMAuthError):
+        return GatewayError('the backend refused the gateway\'s credentials; the operator must fix them', 502,
+                            type='server_error', code='backend_auth')
+    if isinstance(e, LLMError):
+        if e.status in (400, 413, 422):
+            return GatewayError(f'the backend refused the request: {e}', 400, code='backend_rejected')
+        return GatewayError(str(e), 502, type='server_error', code='backend_error')
+    if isinstance(e, StoreError):
+        return GatewayError(str(e), 503, type='server_error', code='store_unavailable')
+    if isinstance(e, LLMConnError):
+        return GatewayError(str(e), 500, type='server_error')
+    return GatewayError('internal error; the server log has the details under this request\'s cid', 500,
+                        type='server_error')
+
+
+def error(e: BaseException, cid: str, what: str) -> tuple:
+    failure = classify(e)
+    if failure.status >= 500:
+        logger.error('%s failed with %d (cid=%s): %s', what, failure.status, cid, failure,
+                     exc_info=not isinstance(e, LLMConnError))
+    headers = [('WWW-Authenticate', 'Bearer')] if failure.status == 401 else []
+    status, base, body = _json(failure.status, failure.body())
+    return status, base + headers, body
+
+
+def _json(status: int, data: Any) -> tuple:
+    body = json.dumps(data, ensure_ascii=False).encode()
+    return status, [('Content-Type', _JSON), ('Content-Length', str(len(body)))], [body]
+
+
+def _sse(body: Iterable[bytes]) -> tuple:
+    return 200, list(_SSE_HEADERS), body

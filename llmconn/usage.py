@@ -1,0 +1,335 @@
+"""The usage ledger: calls, errors, tokens and tool calls per connection, model, key and UTC day.
+
+Where the counts live is :mod:`llmconn.usage_keys`. A failed call counts in
+``calls`` too. No message text is ever written.
+
+How a call is counted, exactly once:
+
+* A chat call whose turn is saved counts inside the save script (no extra
+  round trip), in the day's hash of the chat's own cluster slot.
+* Everything else (calls without a chat id, failed calls, a turn whose save
+  failed) is added to an in-process tally. A background thread flushes it
+  every ``FLUSH_INTERVAL`` seconds as batches, one per day, each written by
+  one script that first sets the batch's marker key ``SET NX``: a batch whose
+  reply was lost and is sent again is applied once. A batch that cannot be
+  written (Redis down) is kept and sent again later, with the same id.
+* ``close()`` (called by ``Registry.close()``) stops the thread and flushes
+  what is left. Only counts still unwritable at that moment are lost, and
+  they are logged (numbers only).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time as mod_time
+import weakref
+from collections import defaultdict
+from typing import Any, Callable, Iterable, Iterator
+
+from redis.crc import key_slot
+from redis.exceptions import RedisClusterException, RedisError
+
+from llmconn.errors import LLMError, LLMTimeout
+from llmconn.store.keys import chat_keys
+from llmconn.usage_keys import ERROR_PREFIX, RETENTION_TTL, day_of, field_prefix, ledger_key
+
+logger = logging.getLogger(__name__)
+
+FLUSH_INTERVAL = 1.0                    # seconds between flushes of the in-process tally
+BATCH_MARKER_TTL = 86400                # a batch sent again within a day is recognized
+
+# Adds one batch of counts to a day's hash, once, however often the batch is sent.
+#   KEYS[1] - the day's ledger hash, KEYS[2] - the batch's marker (same slot)
+#   ARGV[1] - ledger ttl (s), ARGV[2] - marker ttl (s), ARGV[3..] - field, increment, field, ...
+# Returns 1 when applied, 0 when this batch had been applied before.
+FLUSH = """
+if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[2]) then
+    return 0
+end
+for i = 3, #ARGV, 2 do
+    redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
+_NO_USAGE: dict = {}
+def error_status(exc: BaseException) -> str:
+    """How an error is counted: the provider's HTTP status, or what happened instead."""
+    if isinstance(exc, LLMTimeout):
+        return 'timeout'
+    status = getattr(exc, 'status', None)
+    return str(status) if status else 'no_response'
+
+
+# Ledgers of this process, so a forked child starts without its parent's tally and thread.
+_ledgers: 'weakref.WeakSet[UsageLedger]' = weakref.WeakSet()
+
+
+class UsageLedger:
+    """Counts calls of one registry's connections into its chat store."""
+
+    def __init__(self, store: Any, *, clock: Callable[[], float] = mod_time.time,
+                 flush_interval: float = FLUSH_INTERVAL) -> None:
+        self.store = store
+        self.clock = clock
+        self.flush_interval = flush_interval
+        self._cluster = bool(getattr(store, 'cluster', False))
+        self._flush: Any = None                             # registered on first use: connects nothing now
+        self._prefixes: dict[tuple, str] = {}
+        self._fields: dict[str, tuple] = {}
+        self._day: tuple = (0.0, 0.0, '', '')            # start, end, 'YYYY-MM-DD', its ledger key
+        self._pending: dict[tuple, dict[str, int]] = {}     # (day, prefix) -> counter -> n
+        self._unsent: list[tuple[str, str, dict]] = []      # (batch id, day, field -> n), oldest first
+        self._lock = threading.Lock()
+        self._flushing = threading.Lock()
+        self._wakeup = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._failing = False
+        _ledgers.add(self)
+
+    # -- the hot path ----------------------------------------------------------------------------
+
+    def call(self, conn_name: str, model: str, key: str = '') -> 'CallTally':
+        """A tally for one call; see :meth:`CallTally.track`."""
+        return CallTally(self, self.prefix(conn_name, model, key))
+
+    def prefix(self, conn_name: str, model: str, key: str = '') -> str:
+        names = (conn_name, model, key)
+        prefix = self._prefixes.get(names)
+        if prefix is None:
+            prefix = self._prefixes[names] = field_prefix(conn_name, model, key)
+        return prefix
+
+    def today(self) -> str:
+        """Today's UTC day; recomputed only when the clock leaves the day last seen."""
+        now = self.clock()
+        start, end, day, _ = self._day
+        if not start <= now < end:
+            day = day_of(now)
+            start = now // 86400 * 86400
+            self._day = (start, start + 86400, day, ledger_key(day))
+        return day
+
+    def save_entry(self, conn_name: str, chat_id: str, prefix: str, result: dict) -> tuple:
+        """``counters`` for the save: (ledger key, {field: increment}, its expiry); on the hot path."""
+        day = self.today()
+        if self._cluster:
+            key = ledger_key(day, key_slot(chat_keys(conn_name, chat_id).turns.encode()))
+        else:
+            key = self._day[3]
+        usage = result.get('usage') or _NO_USAGE
+        names = self._fields.get(prefix)
+        if names is None:
+            names = self._fields[prefix] = tuple(prefix + c for c in ('calls', 'input_tokens', 'output_tokens',
+                                                                      'tool_calls'))
+        # 'calls' first: the save script sets the hash's expiry when that field is new.
+        counts = {names[0]: 1, names[1]: usage.get('input_tokens') or 0, names[2]: usage.get('output_tokens') or 0}
+        tools = result.get('tool_calls')
+        if tools:
+            counts[names[3]] = len(tools)
+        return key, counts, RETENTION_TTL
+
+    def add(self, prefix: str, counts: dict[str, int]) -> None:
+        """Add ``counts`` to today's tally; written by the flusher, off the caller's path."""
+        item = (self.today(), prefix)
+        with self._lock:
+            tally = self._pending.get(item)
+            if tally is None:
+                tally = self._pending[item] = defaultdict(int)
+            for name, n in counts.items():
+                tally[name] += n
+        if self._thread is None:
+            if not self._closed:
+                self._start()
+            else:       # a call that was still running when its registry closed (or reloaded its store)
+                self.flush()
+
+    # -- flushing --------------------------------------------------------------------------------
+
+    def flush(self) -> bool:
+        """Write what was left unwritten, then what was counted since; True when nothing is left.
+
+        New counts are cut into batches only once the older batches are written,
+        so an outage keeps at most one batch per day besides the running tally.
+        """
+        with self._flushing:
+            for _ in range(2):
+                if not self._unsent:
+                    self._cut_batches()
+                if not self._write_unsent():
+                    return False
+            if self._failing:
+                logger.warning('Usage counts written again after an outage')
+            self._failing = False
+            return True
+
+    def _write_unsent(self) -> bool:
+        while self._unsent:
+            batch_id, day, fields = self._unsent[0]
+            try:
+                self._write(batch_id, day, fields)
+            except (RedisError, RedisClusterException) as exc:
+                if not self._failing:
+                    logger.warning('Could not write usage counts, keeping them to retry: %s', self.store._error(exc))
+                self._failing = True
+                return False
+            self._unsent.pop(0)
+        return True
+
+    def close(self) -> None:
+        """Stop the flusher and write what is left (called by ``Registry.close()``)."""
+        self._closed = True
+        self._wakeup.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        if not self.flush():
+            logger.error('Usage counts of %d call(s) could not be written before closing and are lost; '
+                         'is Redis (%s) down?', self.pending(), self.store.url_for_display)
+
+    def pending(self) -> int:
+        """Calls counted in this process and not yet written (for tests and the admin page)."""
+        with self._lock:
+            pending = sum(t.get('calls', 0) for t in self._pending.values())
+        return pending + sum(v for _, _, fields in self._unsent for f, v in fields.items()
+                             if f.endswith(':calls'))
+
+    def _cut_batches(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        by_day: dict[str, dict[str, int]] = defaultdict(dict)
+        for (day, prefix), tally in pending.items():
+            for name, n in tally.items():
+                if n:
+                    by_day[day][prefix + name] = n
+        for day, fields in sorted(by_day.items()):
+            self._unsent.append((os.urandom(12).hex(), day, fields))
+
+    def _write(self, batch_id: str, day: str, fields: dict[str, int]) -> None:
+        slot = key_slot(batch_id.encode()) if self._cluster else None
+        key = ledger_key(day, slot)
+        marker = f'{key}:batch:{batch_id}'
+        args: list = [RETENTION_TTL, BATCH_MARKER_TTL]
+        for field, n in fields.items():
+            args += (field, n)
+        if self._flush is None:
+            self._flush = self.store.client.register_script(FLUSH)
+        self._flush(keys=(key, marker), args=args)
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name='llmconn-usage-flusher', daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._wakeup.wait(self.flush_interval)
+            if self._closed:
+                return
+            try:
+                self.flush()
+            except Exception:     # the flusher must outlive any one failure
+                logger.exception('Usage flush failed; will retry')
+
+    def _after_fork(self) -> None:
+        # The parent's counts are the parent's to write; this child starts empty.
+        self._pending, self._unsent = {}, []
+        self._lock, self._flushing = threading.Lock(), threading.Lock()
+        self._wakeup = threading.Event()
+        self._thread = None
+
+
+class CallTally:
+    """The count of one call: in the save script when its turn is saved, else in process."""
+
+    __slots__ = ('ledger', 'prefix', 'result', 'in_script', 'status')
+
+    def __init__(self, ledger: UsageLedger, prefix: str) -> None:
+        self.ledger = ledger
+        self.prefix = prefix
+        self.result: dict | None = None     # the provider's answer, once there is one
+        self.in_script = False              # the save script counted it
+        self.status = ''                    # why it failed, when it did
+
+    def save_entry(self, conn_name: str, chat_id: str, result: dict) -> tuple:
+        """Hand this to the save; call :meth:`saved` once the save succeeded."""
+        self.result = result
+        return self.ledger.save_entry(conn_name, chat_id, self.prefix, result)
+
+    def saved(self) -> None:
+        self.in_script = True
+
+    def track(self, events: Iterable) -> Iterator:
+        """Pass the call's events through, and count the call once it ends, however it ends."""
+        try:
+            for event in events:
+                if event.type == 'done' and self.result is None:
+                    self.result = event.result
+                yield event
+        except LLMError as exc:
+            self.status = error_status(exc)
+            raise
+        except GeneratorExit:
+            self.status = 'cancelled'
+            raise
+        finally:
+            try:
+                close = getattr(events, 'close', None)
+                if close is not None:
+                    close()         # a call stopped early frees its chat now, not when collected
+            finally:
+                self._settle()
+
+    def _settle(self) -> None:
+        if self.in_script:
+            return
+        if self.result is not None:
+            usage = self.result.get('usage') or {}
+            self.ledger.add(self.prefix, {'calls': 1, 'input_tokens': int(usage.get('input_tokens') or 0),
+                                          'output_tokens': int(usage.get('output_tokens') or 0),
+                                          'tool_calls': len(self.result.get('tool_calls') or ())})
+        elif self.status:
+            self.ledger.add(self.prefix, {'calls': 1, 'errors': 1, ERROR_PREFIX + self.status: 1})
+
+
+class _NoTally:
+    """What a connection without a ledger counts with: nothing."""
+
+    __slots__ = ()
+
+    def track(self, events: Iterable) -> Iterable:
+        return events
+
+    def save_entry(self, conn_name: str, chat_id: str, result: dict) -> None:
+        return None
+
+    def saved(self) -> None:
+        pass
+
+
+class _NoLedger:
+    """A ledger that counts nothing (a connection built on its own, or the ledger switched off)."""
+
+    _tally = _NoTally()
+
+    def call(self, conn_name: str, model: str, key: str = '') -> _NoTally:
+        return self._tally
+
+    def close(self) -> None:
+        pass
+
+
+NO_LEDGER = _NoLedger()
+
+
+def _forget_parent_state() -> None:
+    for ledger in list(_ledgers):
+        ledger._after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_parent_state)

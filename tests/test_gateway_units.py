@@ -1,0 +1,275 @@
+"""The gateway's parts without HTTP: keys, the capability matrix and its page, items, the stream normalizer."""
+
+import hmac
+
+import pytest
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from llmconn import config
+from llmconn.errors import ConfigError, GatewayError
+from llmconn.gateway import capabilities, docs, items, keys
+from llmconn.gateway.capabilities import CHAT, KINDS, LOSSES, RESPONSES, ROUTES
+from llmconn.gateway.policy import Policy, Resolution, resolve
+from llmconn.gateway.stream import ResponseEvents
+
+SECRET = 'sk-gateway-secret-never-shown'
+
+
+def gateway_config(**key):
+    entry = {'id': 'k1', 'secret': SECRET, 'tenant': 't1', 'models': ['*'], **key}
+    return {'llm': [{'name': 'A', 'model': 'claude-x'}], 'gateway': {'keys': [entry]}}
+
+
+# ---- keys
+
+def test_gateway_secrets_never_show_in_reprs():
+    conf = config.load_dict(gateway_config())
+    assert SECRET not in repr(conf) and SECRET not in str(conf.gateway)
+
+
+@pytest.mark.parametrize('bad, message', [
+    ({'secret': ''}, 'at least 8 characters'),
+    ({'retention': 'forever'}, 'retention'),
+    ({'models': ['Nope']}, 'name no connection'),
+    ({'models': []}, 'models'),
+    ({'colour': 'red'}, 'unknown key'),
+])
+def test_a_bad_gateway_key_fails_at_load_naming_the_field(bad, message):
+    with pytest.raises(ConfigError) as failed:
+        config.load_dict(gateway_config(**bad))
+    assert message in str(failed.value) and SECRET not in str(failed.value)
+
+
+def test_two_keys_with_one_secret_are_refused():
+    data = gateway_config()
+    data['gateway']['keys'].append(dict(data['gateway']['keys'][0], id='k2'))
+    with pytest.raises(ConfigError, match='same secret'):
+        config.load_dict(data)
+
+
+def test_the_secret_comes_from_the_environment():
+    conf = config.load_dict(gateway_config(secret='${GW_SECRET}'), environ={'GW_SECRET': SECRET})
+    assert keys.find_key(conf.gateway, SECRET).id == 'k1'
+
+
+def test_every_key_is_compared_even_when_the_first_matches(monkeypatch):
+    conf = keys.GatewayConfig(keys=[keys.GatewayKey(id=f'k{i}', secret=f'secret-number-{i}', tenant='t',
+                                                    models=['*']) for i in range(5)])
+    calls = []
+    real = hmac.compare_digest
+    monkeypatch.setattr(keys.hmac, 'compare_digest', lambda a, b: calls.append(1) or real(a, b))
+    assert keys.find_key(conf, 'secret-number-0').id == 'k0'
+    assert len(calls) == 5
+    calls.clear()
+    with pytest.raises(GatewayError) as refused:
+        keys.find_key(conf, 'nope')
+    assert refused.value.status == 401 and len(calls) == 5
+
+
+@pytest.mark.parametrize('header, token', [('Bearer abc', 'abc'), ('bearer  abc ', 'abc'), ('Basic abc', ''),
+                                           ('', ''), ('Bearer', '')])
+def test_bearer_token(header, token):
+    assert keys.bearer_token(header) == token
+
+
+# ---- the capability matrix
+
+def test_the_compatibility_page_matches_the_matrix():
+    page = docs.DOC.read_text(encoding='utf-8')
+    assert docs.render(page) == page, 'docs/gateway.md is stale: run python -m llmconn.gateway.docs'
+
+
+def test_every_field_covers_every_kind_and_names_only_known_losses():
+    for route, fields in ROUTES.items():
+        for name, spec in fields.items():
+            assert set(spec.support) == set(KINDS), (route, name)
+            for support in spec.support.values():
+                assert not support.loss or support.loss in LOSSES, (route, name, support.loss)
+                assert support.level in (capabilities.NATIVE, capabilities.EMULATED, capabilities.UNSUPPORTED)
+
+
+def test_fields_map_to_each_backends_own_names():
+    body = {'temperature': 0.2, 'max_output_tokens': 50}
+    assert resolve(RESPONSES, 'gemini', body, Policy()).params == {
+        'generationConfig': {'temperature': 0.2, 'maxOutputTokens': 50}}
+    assert resolve(RESPONSES, 'claude', body, Policy()).params == {'temperature': 0.2, 'max_tokens': 50}
+    chat = resolve(CHAT, 'openai-responses', {'response_format': {'type': 'json_schema', 'json_schema': {
+        'name': 'x', 'schema': {'type': 'object'}}}}, Policy()).params
+    assert chat == {'text': {'format': {'type': 'json_schema', 'name': 'x', 'schema': {'type': 'object'}}}}
+
+
+def test_no_op_values_pass_everywhere():
+    for kind in KINDS:
+        assert resolve(CHAT, kind, {'n': 1, 'tool_choice': 'auto', 'logprobs': False, 'tools': []}, Policy()).params == {}
+
+
+def test_a_policy_naming_an_unknown_loss_is_refused():
+    with pytest.raises(GatewayError, match='unknown loss'):
+        Policy.parse({'allow_lossy': True, 'allowed_losses': ['everything']})
+    with pytest.raises(GatewayError):
+        Policy.parse({'allow_lossy': 'yes'})
+
+
+def test_allowed_losses_count_only_with_allow_lossy():
+    policy = Policy.parse({'allow_lossy': False, 'allowed_losses': ['no_logprobs']})
+    with pytest.raises(GatewayError):
+        resolve(RESPONSES, 'claude', {'top_logprobs': 3}, policy)
+
+
+# ---- items
+
+def test_tool_items_are_refused_naming_the_item():
+    with pytest.raises(GatewayError) as refused:
+        items.from_responses_input([{'role': 'user', 'content': 'x'},
+                                    {'type': 'function_call_output', 'call_id': 'c', 'output': '1'}])
+    assert refused.value.param == 'input[1].type'
+    with pytest.raises(GatewayError) as image:
+        items.from_responses_input([{'role': 'user', 'content': [{'type': 'input_image', 'image_url': 'x'}]}])
+    assert image.value.param == 'input[0].content[0].type'
+
+
+def test_a_lone_surrogate_is_refused():
+    with pytest.raises(GatewayError, match='surrogate'):
+        items.from_responses_input('bad \ud800 text')
+
+
+def test_merging_and_hoisting_are_named_losses():
+    conversation = [items.message('user', 'a'), items.message('user', 'b'), items.message('system', 's')]
+    with pytest.raises(GatewayError, match='messages_merged'):
+        items.to_conversation(conversation, '', Policy(), Resolution())
+    policy = Policy.parse({'allow_lossy': True, 'allowed_losses': ['messages_merged', 'system_messages_hoisted']})
+    resolution = Resolution()
+    result = items.to_conversation(conversation, 'rules', policy, resolution)
+    assert (result.system, result.turns, result.text) == ('rules\n\ns', (), 'a\n\nb')
+    assert resolution.downgrades == ['input:messages_merged', 'input:system_messages_hoisted']
+
+
+# ---- the stream normalizer
+
+def test_interleaved_thinking_and_text_become_well_formed_items():
+    events = ResponseEvents({'id': 'resp_x', 'status': 'in_progress'})
+    out = events.start()
+    for kind, delta in [('thinking', 'hm'), ('text', 'Hel'), ('thinking', 'again'), ('text', 'lo')]:
+        out += events.feed(kind, delta)
+    out += events.finish('Hello', {'id': 'resp_x', 'status': 'completed'})
+    assert [i['type'] for i in events.output] == ['reasoning', 'message', 'reasoning', 'message']
+    assert [e['sequence_number'] for e in out] == list(range(len(out)))
+    adapter = TypeAdapter(ResponseStreamEvent)
+    for event in out[2:-1]:
+        adapter.validate_python(event)
+
+
+def test_an_answer_without_deltas_still_has_its_message():
+    events = ResponseEvents({'id': 'resp_x', 'status': 'in_progress'})
+    events.start()
+    out = events.finish('whole text', {'id': 'resp_x', 'status': 'incomplete'})
+    assert out[-1]['type'] == 'response.incomplete'
+    assert events.output[0]['content'][0]['text'] == 'whole text'
+
+
+# ---- stop reasons
+
+class _Conn:
+    def __init__(self, kind):
+        self.conf = type('Conf', (), {'provider': kind, 'state': 'local'})()
+
+
+@pytest.mark.parametrize('kind, raw, expected', [
+    ('claude', {'stop_reason': 'max_tokens'}, ('incomplete', 'max_output_tokens')),
+    ('claude', {'stop_reason': 'end_turn'}, ('completed', '')),
+    ('openai', {'choices': [{'finish_reason': 'length'}]}, ('incomplete', 'max_output_tokens')),
+    ('openai', {'choices': [{'finish_reason': 'stop'}]}, ('completed', '')),
+    ('gemini', {'candidates': [{'finishReason': 'MAX_TOKENS'}]}, ('incomplete', 'max_output_tokens')),
+    ('openai-responses', {'status': 'incomplete', 'incomplete_details': {'reason': 'max_output_tokens'}},
+     ('incomplete', 'max_output_tokens')),
+    ('openai-responses', {'status': 'completed'}, ('completed', '')),
+    ('claude', None, ('completed', '')),
+])
+def test_a_cut_short_answer_is_incomplete_on_every_kind(kind, raw, expected):
+    from llmconn.gateway import backend
+    assert backend.finish(_Conn(kind), raw) == expected
+
+
+# ---- the ledger's Redis client
+
+def test_a_burst_beyond_the_ledgers_connections_waits_instead_of_failing(redis_url, unique):
+    import threading
+
+    import redis
+
+    from llmconn.gateway import ledger as mod_ledger
+    from llmconn.store import open_store
+
+    store = open_store(redis_url)
+    client = mod_ledger.ledger_client(store)
+    assert isinstance(client.connection_pool, redis.BlockingConnectionPool)
+    book = mod_ledger.Ledger(client)
+    failures, start = [], threading.Barrier(mod_ledger.MAX_CONNECTIONS + 50)
+
+    def save(n):
+        start.wait()
+        try:
+            book.save({'id': mod_ledger.new_response_id(), 'tenant': unique, 'key_id': 'k', 'model': 'm',
+                       'status': 'completed', 'usage': {'input_tokens': 1}, 'created_at': 0}, 5, count_usage=True)
+        except Exception as e:
+            failures.append(e)
+
+    threads = [threading.Thread(target=save, args=(n,)) for n in range(mod_ledger.MAX_CONNECTIONS + 50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert book.usage(unique, '1970-01-01')[('k', 'm')]['requests'] == mod_ledger.MAX_CONNECTIONS + 50
+    client.close()
+    store.close()
+
+
+def test_the_embedded_store_keeps_its_own_client():
+    from llmconn.gateway import ledger as mod_ledger
+    from llmconn.store import open_store
+
+    store = open_store('memory://gateway-test')
+    assert mod_ledger.ledger_client(store) is mod_ledger.store_client(store)
+    store.close()
+
+
+def test_a_backend_that_cannot_stream_answers_whole_as_a_stream():
+    from llmconn.gateway import backend
+    from llmconn.gateway.items import Conversation
+    from llmconn.types import Reply
+
+    class Whole:
+        capabilities = frozenset({'system'})
+        tag = 'whole/m/'
+
+        def build_request(self, request):
+            assert not request.stream
+            return {'q': request.text}
+
+        def url(self, stream=False):
+            return 'http://whole'
+
+        def headers(self):
+            return {}
+
+        def parse_response(self, body):
+            return Reply(text='the answer', thinking='hm', input_tokens=1, output_tokens=2)
+
+        def done(self, reply):
+            return reply
+
+    class Transport:
+        def post(self, url, headers, body):
+            return {'echo': body}
+
+    conn = type('Conn', (), {'provider': Whole(), 'transport': Transport(),
+                             'conf': type('C', (), {'provider': 'whole', 'state': 'local'})()})()
+    events = list(backend.events(conn, Conversation('', (), 'q'), {}, True))
+    assert [(e.type, e.text) for e in events[:-1]] == [('thinking', 'hm'), ('text', 'the answer')]
+    assert events[-1].type == 'done'
+    with pytest.raises(GatewayError) as refused:
+        Whole.capabilities = frozenset()
+        backend.events(conn, Conversation('rules', (), 'q'), {}, False)
+    assert refused.value.param == 'instructions'

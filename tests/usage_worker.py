@@ -1,0 +1,51 @@
+"""A separate OS process making mixed calls, for the usage ledger's tests.
+
+    python tests/usage_worker.py CONFIG_JSON LABEL ROUNDS
+
+CONFIG_JSON is what ``Registry.from_dict`` takes: its first connection
+answers, its second always fails (HTTP 404). Each round makes a chat call,
+an invoke, a streamed chat, a streamed invoke and a failing call. Prints one
+JSON line: the sums of the ``usage`` of every reply it got, and its calls and
+errors, after closing the registry (which writes what it counted in process).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from llmconn import LLMError, Registry
+
+
+def main() -> int:
+    config, label, rounds = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    registry = Registry.from_dict(config)
+    good, bad = registry[config['llm'][0]['name']], registry[config['llm'][1]['name']]
+    sums = {'calls': 0, 'errors': 0, 'input_tokens': 0, 'output_tokens': 0}
+
+    def count(result: dict) -> None:
+        sums['calls'] += 1
+        sums['input_tokens'] += result['usage']['input_tokens']
+        sums['output_tokens'] += result['usage']['output_tokens']
+
+    for i in range(rounds):
+        count(good.chat(f'{label} chat {i}', chat_id=f'{label}-a'))
+        count(good.invoke(f'{label} invoke {i} ' + 'x' * i))
+        count(_done(good.stream(f'{label} stream {i}', chat_id=f'{label}-b')))
+        count(_done(good.stream(f'{label} stream invoke {i}')))
+        try:
+            bad.invoke(f'{label} fails {i}')
+        except LLMError:
+            sums['calls'] += 1
+            sums['errors'] += 1
+    registry.close()
+    print(json.dumps(sums), flush=True)
+    return 0
+
+
+def _done(events) -> dict:
+    return [event.result for event in events if event.type == 'done'][0]
+
+
+if __name__ == '__main__':
+    sys.exit(main())
