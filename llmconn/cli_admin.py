@@ -23,6 +23,9 @@ from typing import Any, Callable, TextIO
 from llmconn.errors import ChatBusy, LLMConnError, StoreError
 
 DEFAULT_CONFIG = 'etc/llm.yaml'
+# Control characters but newline and tab: chat text shown on a terminal must not drive it.
+_CONTROL = {c: f'\\x{c:02x}' for c in (*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f)}
+_CONTROL.update({c: f'\\x{c:02x}' for c in range(0x80, 0xa0)})
 PROMPT = 'you> '
 SCAN_COUNT = 1000
 QUIT_COMMANDS = ('/quit', '/exit')
@@ -99,7 +102,7 @@ def cmd_history(args) -> int:
         print(f'no stored turns for chat {args.chat_id!r} of {args.name!r}', file=sys.stderr)
     else:
         for message in messages:
-            print(f'{message["role"]}: {message["content"]}')
+            print(shown(f'{message["role"]}: {message["content"]}', sys.stdout))
     return 0
 
 
@@ -120,7 +123,7 @@ def cmd_chats(args) -> int:
         ids = list_chats(registry.store, args.name, args.match)
     finally:
         registry.close()
-    print(json.dumps(ids, ensure_ascii=False) if args.json else '\n'.join(ids))
+    print(json.dumps(ids, ensure_ascii=False) if args.json else '\n'.join(shown(i, sys.stdout) for i in ids))
     return 0
 
 
@@ -186,7 +189,7 @@ def cmd_chat(args) -> int:
         chat_id = args.chat_id or f'cli-{os.urandom(4).hex()}'
         if args.text is not None:
             result = conn.chat(args.text, chat_id=chat_id, skill=args.skill)
-            print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else result['text'])
+            print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else shown(result['text'], sys.stdout))
             if not args.chat_id:
                 print(f'chat id: {chat_id} (continue with --chat-id {chat_id})', file=sys.stderr)
             return 0
@@ -223,7 +226,7 @@ class Conversation:
                 break
             if self.interactive and text == '/history':
                 for message in self.conn.history(self.chat_id):
-                    print(f'{message["role"]}: {message["content"]}', file=self.stdout)
+                    print(shown(f'{message["role"]}: {message["content"]}', self.stdout), file=self.stdout)
                 continue
             self._turn(text)
         return 1 if self.failed else 0
@@ -259,12 +262,24 @@ class Conversation:
         try:
             for event in events:
                 if event.type == 'text':
-                    out.write(event.text)
+                    out.write(shown(event.text, out))
                     out.flush()
         finally:
             events.close()
             out.write('\n')
             out.flush()
+
+
+def shown(text: str, stream: TextIO) -> str:
+    """``text`` for a human: on a terminal its control characters (ESC...) are written out as ``\\xNN``."""
+    return text.translate(_CONTROL) if _isatty(stream) else text
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _enable_line_editing() -> None:

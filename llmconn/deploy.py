@@ -24,7 +24,9 @@ and a change to it redeploys them too, so they see the new version.
 
 Imports run off the gevent hub (:func:`llmconn.hotload.off_hub`): a file
 whose import takes seconds delays only its own deployment, not the requests
-being served. (A CPU-bound ``handle()`` still blocks its worker; see the
+being served. Module-level code therefore runs on a threadpool thread: a
+greenlet spawned there would belong to that thread's hub, so background
+work starts from ``handle()``. (A CPU-bound ``handle()`` still blocks its worker; see the
 README.)
 
 The configuration file is watched the same way (:mod:`llmconn.host`).

@@ -24,7 +24,8 @@ import re
 from http import HTTPStatus
 from typing import Any, Iterable, Iterator, Mapping
 
-from llmconn.errors import ChatBusy, InvalidInput, LLMConnError, LLMError, ServiceError, StoreError, UnknownService
+from llmconn.errors import (ChatBusy, InvalidInput, LLMConnError, LLMError, LockLost, ServiceError, StoreError,
+                            UnknownService)
 
 logger = logging.getLogger('llmconn.server')
 
@@ -36,6 +37,7 @@ SSE_HEADERS = [('Content-Type', 'text/event-stream; charset=utf-8'), ('Cache-Con
 INTERNAL_ERROR = 'internal error; the server log has the details under this cid'
 CHAT_BUSY = f'the chat is busy with another call; retry in {CHAT_BUSY_RETRY_AFTER} s'
 STORE_DOWN = 'the chat store is unavailable; try again shortly'
+LOCK_LOST = 'the call lost its hold on the chat and stored nothing; retry it'
 
 # RFC 9110 token characters: what a header name may hold.
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -45,6 +47,7 @@ _BAD_VALUE = re.compile(r'[\x00-\x08\x0a-\x1f\x7f]')
 _HOP_BY_HOP = {'connection', 'keep-alive', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer',
                'transfer-encoding', 'upgrade'}
 _HOST_OWNED = {'content-length'}        # computed from the body
+_SET_APART = _HOST_OWNED | {'content-type'}     # sent once, from response.content_type or the payload kind
 
 
 class HTTPFailure(Exception):
@@ -74,6 +77,8 @@ def classify(e: BaseException) -> tuple[int, str, list]:
         return 429, CHAT_BUSY, [('Retry-After', str(CHAT_BUSY_RETRY_AFTER))]
     if isinstance(e, LLMError):
         return 502, str(e), []
+    if isinstance(e, LockLost):
+        return 503, LOCK_LOST, []
     if isinstance(e, StoreError):
         return 503, STORE_DOWN, []
     if isinstance(e, LLMConnError):     # ConfigError, UnknownConnection...: our messages carry no secrets
@@ -149,7 +154,7 @@ def encode_response(response: Any) -> tuple:
     else:
         body, content_type = json.dumps(payload).encode(), JSON_TYPE
     headers = [('Content-Type', response.content_type or content_type), ('Content-Length', str(len(body)))]
-    headers += [(k, str(v)) for k, v in response.headers.items() if k.lower() not in ('content-type',) + tuple(_HOST_OWNED)]
+    headers += [(k, str(v)) for k, v in response.headers.items() if k.lower() not in _SET_APART]
     return response.status_code, headers, [body]
 
 
@@ -186,7 +191,7 @@ def sse_response(events: Iterable, cid: str, extra_headers: dict | None = None) 
                 close()
 
     headers = list(SSE_HEADERS) + [(k, str(v)) for k, v in (extra_headers or {}).items()
-                                   if k.lower() not in ('content-type',) + tuple(_HOST_OWNED)]
+                                   if k.lower() not in _SET_APART]
     return 200, headers, body()
 
 

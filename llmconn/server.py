@@ -56,8 +56,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--grace', type=float, default=SHUTDOWN_GRACE,
                         help=f'seconds in-flight requests get to finish on SIGTERM (default {SHUTDOWN_GRACE:g})')
     parser.add_argument('--idle-timeout', type=float, default=DEFAULT_IDLE_TIMEOUT,
-                        help='seconds a client connection may stay idle or take to send a request head, and '
-                             f'to accept each part of a response (default {DEFAULT_IDLE_TIMEOUT:g})')
+                        help='seconds a client connection may stay idle, take to send a request head or body, '
+                             f'or take to accept each part of a response (default {DEFAULT_IDLE_TIMEOUT:g})')
     parser.add_argument('--max-connections', type=int, default=0,
                         help=f'open client connections per worker; at the limit the longest-idle one is closed '
                              f'(default {DEFAULT_MAX_CONNECTIONS}, fewer if the descriptor limit is lower)')
@@ -95,6 +95,10 @@ def run_serve(args: argparse.Namespace) -> int:
 def _bad_flags(args: argparse.Namespace) -> str:
     if args.workers < 1:
         return '--workers must be at least 1'
+    if not 0 <= args.port <= 65535:
+        return f'--port must be from 1 to 65535 (0: any free port), not {args.port}'
+    if args.grace < 0:
+        return '--grace must be 0 seconds or more'
     if args.idle_timeout <= 0:
         return '--idle-timeout must be more than 0 seconds'
     if args.max_connections < 0:
@@ -152,9 +156,18 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         value = getattr(args, action.dest, action.default)
         if value == action.default:
             continue
-        flag = max(action.option_strings, key=len)
-        argv += [flag] if isinstance(value, bool) else [flag, str(value)]
+        argv += _flag(action, value)
     return argv + ['--reuse-port']
+
+
+def _flag(action: argparse.Action, value) -> list[str]:
+    """The command-line words that give ``action`` the value ``value``."""
+    longest = max(action.option_strings, key=len)
+    if isinstance(action, argparse.BooleanOptionalAction):      # --metrics / --no-metrics
+        return [min(action.option_strings, key=len) if value else longest]
+    if isinstance(value, bool):                                 # store_true
+        return [longest]
+    return [longest, str(value)]
 
 
 def _serve(args: argparse.Namespace) -> int:

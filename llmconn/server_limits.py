@@ -9,11 +9,13 @@ closes such connections:
 - the request head (request line and headers) must arrive within
   ``idle_timeout`` seconds of the connection being ready for it: a fresh
   connection, or a keep-alive one after its last response;
-- every later read of the body and write of the response is bounded by the
-  same timeout per operation (a client that stops reading its response);
+- the request body must arrive within the same time (the application reads
+  :data:`BODY_TIMEOUT_KEY` from the environ), and every write of the
+  response is bounded by it per operation (a client that stops reading);
 - at most ``max_connections`` are open: at the limit, a new connection
-  closes the connection that has been idle (waiting for a request) the
-  longest; when none is idle, it gets a ``503`` and is closed. So slow or
+  closes the connection that has been idle (waiting for a request, none of
+  it arrived) the longest; when none is idle, it gets a ``503`` and is
+  closed. So slow or
   idle clients cannot starve the others, and the server keeps descriptors
   for Redis and the providers.
 
@@ -26,17 +28,23 @@ from __future__ import annotations
 
 import json
 import logging
+import select
 import socket
+import time
 from collections import OrderedDict
 
 import gevent
+from gevent.monkey import get_original
 from gevent.pywsgi import WSGIHandler
-
-logger = logging.getLogger('llmconn.server')
 
 from llmconn.server import DEFAULT_MAX_CONNECTIONS
 
+logger = logging.getLogger('llmconn.server')
+
+BODY_TIMEOUT_KEY = 'llmconn.body_timeout'     # environ key: seconds the whole request body may take
+REFUSAL_LOG_INTERVAL = 10.0         # seconds between two log lines about refused connections
 FD_RESERVE = 64                     # descriptors kept free for Redis, providers, deployed files
+_poll = get_original('select', 'poll')      # the real one: a look that must not yield to other greenlets
 
 
 class Limits:
@@ -46,17 +54,29 @@ class Limits:
         self.idle_timeout = idle_timeout
         self.max_connections = max_connections
         self.open = 0
+        self.refused = 0                # since the last log line about it
+        self._refusal_logged_at = 0.0
         self.idle: OrderedDict = OrderedDict()      # handler → None, the longest idle first
 
     def admit(self) -> bool:
         """Room for one more connection, evicting the longest-idle one at the limit."""
         if self.open >= self.max_connections:
-            if not self.idle:
+            victim = next((h for h in self.idle if not h.has_pending_data()), None)
+            if victim is None:
                 return False
-            handler, _ = self.idle.popitem(last=False)
-            handler.evict()
+            del self.idle[victim]
+            victim.evict()
         self.open += 1
         return True
+
+    def log_refusal(self) -> None:
+        # At most one line per REFUSAL_LOG_INTERVAL: a flood of connections must not flood the log.
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._refusal_logged_at >= REFUSAL_LOG_INTERVAL:
+            logger.warning('Refused %d connection(s) with 503: all %d allowed connections are busy with requests',
+                           self.refused, self.max_connections)
+            self.refused, self._refusal_logged_at = 0, now
 
 
 def handler_class(limits: Limits) -> type:
@@ -72,7 +92,8 @@ class Handler(WSGIHandler):
     def handle(self) -> None:
         limits = self.limits
         if not limits.admit():
-            _refuse(self.socket, limits.max_connections)
+            limits.log_refusal()
+            _refuse(self.socket)
             return
         self.socket.settimeout(limits.idle_timeout)
         try:
@@ -112,6 +133,20 @@ class Handler(WSGIHandler):
             raise ValueError('both Content-Length and Transfer-Encoding; send one of them')
         return headers
 
+    def get_environ(self) -> dict:
+        environ = super().get_environ()
+        environ[BODY_TIMEOUT_KEY] = self.limits.idle_timeout
+        return environ
+
+    def has_pending_data(self) -> bool:
+        """Whether bytes arrived that the handler has not read yet: a request on its way, not idle."""
+        try:
+            poller = _poll()        # a real, non-blocking look (gevent's would yield); poll has no fd limit
+            poller.register(self.socket.fileno(), select.POLLIN)
+            return bool(poller.poll(0))
+        except (OSError, ValueError, AttributeError):
+            return False
+
     def evict(self) -> None:
         """Make room: the blocked read of the next request line sees the end of the connection."""
         try:
@@ -120,11 +155,10 @@ class Handler(WSGIHandler):
             pass
 
 
-def _refuse(sock, limit: int) -> None:
+def _refuse(sock) -> None:
     body = json.dumps({'error': 'the server has too many open connections; try again shortly'}).encode()
     head = (f'HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(body)}'
             f'\r\nRetry-After: 1\r\nConnection: close\r\n\r\n').encode()
-    logger.warning('Refused a connection: all %d allowed connections are busy with requests', limit)
     try:
         sock.settimeout(1.0)
         sock.sendall(head + body)

@@ -16,8 +16,8 @@ it must answer without an API key.
 ``status`` "ok", or "config-error" when the configuration file failed to
 (re)load (a restart would not help: the process could not start with it).
 ``/ready`` is readiness for a load balancer: 200 only when the configuration
-is loaded and the chat store answers, else 503 with a short reason that
-holds no secret and no host:port.
+is loaded, the chat store answers and the server is not shutting down,
+else 503 with a short reason that holds no secret and no host:port.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from llmconn.responses import (CHAT_BUSY_RETRY_AFTER, HTTPFailure, InvalidRespon
                                sse_response, status_line)
 from llmconn import admin_page
 from llmconn import logs, observe
+from llmconn.server_limits import BODY_TIMEOUT_KEY
 from llmconn.service import new_cid, run
 
 logger = logging.getLogger('llmconn.server')
@@ -93,6 +94,9 @@ class App:
     def _label(self, path: str) -> str:
         """The path's service name for metrics, or '' when it names none (bounded: not the client's to choose)."""
         name = path.strip('/')
+        if path.startswith(GATEWAY_PREFIX):     # ids in the path become {id}
+            return _GATEWAY_LABELS.get(name) or next((f'{p}/{{id}}' for p in _GATEWAY_LABELS
+                                                      if name.startswith(p + '/')), '')
         return name if name in self.host.deployer.services or name in ROUTES else ''
 
     def _dispatch(self, environ: dict, method: str, path: str, cid: str) -> tuple:
@@ -173,7 +177,10 @@ def _health(app: App, environ: dict, cid: str) -> tuple:
 
 
 def _ready(app: App, environ: dict, cid: str) -> tuple:
-    reason = _CONFIG_REASON if app.config_error() else app.store_problem()
+    if app.draining:
+        reason = 'the server is shutting down'
+    else:
+        reason = _CONFIG_REASON if app.config_error() else app.store_problem()
     if reason:
         return json_response(503, {'status': 'not-ready', 'reason': reason})
     return json_response(200, {'status': 'ready'})
@@ -214,6 +221,8 @@ ROUTES: dict[str, Route] = {
 # host's API key check.
 
 GATEWAY_PREFIX = '/v1/'
+# The gateway's paths as metrics label them (llmconn.gateway.routes).
+_GATEWAY_LABELS = {p: p for p in ('v1/responses', 'v1/chat/completions', 'v1/models')}
 
 
 def _gateway(registry: Any, environ: dict, method: str, path: str, cid: str) -> tuple:
@@ -242,14 +251,22 @@ class _Tracked:
 
 def read_body(environ: dict) -> bytes:
     """The request body; a body that ends early or stalls is the client's fault (400/408), not a 500."""
+    deadline = Timeout(environ.get(BODY_TIMEOUT_KEY))     # None: unbounded (not under llmconn serve)
+    deadline.start()
     try:
         return _read_body(environ)
+    except Timeout as e:
+        if e is not deadline:
+            raise
+        raise HTTPFailure(408, 'the request body did not arrive in time; send it whole') from None
     except TimeoutError:
         raise HTTPFailure(408, 'the request body did not arrive in time; send it whole') from None
     except OSError as e:        # gevent: "unexpected end of file", a bad chunk
         logger.info('Incomplete request body: %s', e)
         raise HTTPFailure(400, 'the request body ended before its declared length, or its chunks are '
                                'malformed; send the whole body') from None
+    finally:
+        deadline.cancel()
 
 
 def _read_body(environ: dict) -> bytes:

@@ -44,7 +44,7 @@ gateway:
   response_expiry: 300
   keys:{keys}
 llm:
-  - {{name: Claude, provider: claude, model: claude-sonnet-4-5, address: "{fake_url}", max_tokens: 2048,
+  - {{name: Claude, provider: claude, model: claude-sonnet-5-5, address: "{fake_url}", max_tokens: 2048,
      thinking: {{type: enabled, budget_tokens: 1024}}, max_retries: 0}}
   - {{name: Chat, provider: openai, model: gpt-4.1, address: "{fake_url}/v1", max_retries: 0}}
   - {{name: Responses, provider: openai-responses, model: gpt-5, address: "{fake_url}/v1", state: provider,

@@ -31,11 +31,11 @@ def _config(tmp_path, redis_url, provider, name, keys=(API_KEY,)):
           api_keys:''') + listed + textwrap.dedent(f'''
         llm:
           - name: {name}
-            model: claude-sonnet-4-5
+            model: claude-sonnet-5-5
             address: {provider.url}
             secret: {SECRET}
           - name: {name}-<i>two</i>
-            model: claude-haiku-4-5
+            model: claude-sonnet-5-5
             address: {provider.url}
             secret: {SECRET}
     '''))

@@ -86,11 +86,40 @@ def test_closed_pipe_exits_quietly_without_a_traceback(tmp_path):
 
 
 def test_importing_the_library_neither_patches_nor_loads_requests_or_redis():
-    code = ('import sys, llmconn\n'
+    code = ('import sys, llmconn, llmconn.cli, llmconn.server  # what llmconn serve imports before patching\n'
+            'llmconn.cli._parser()  # every subcommand registered\n'
             'heavy = [m for m in ("requests", "redis", "urllib3") if m in sys.modules]\n'
             'assert not heavy, heavy\n'
             'assert llmconn.Registry.__name__ == "Registry" and llmconn.ChatBusy.__name__ == "ChatBusy"\n'
+            'assert all(getattr(llmconn, name) for name in llmconn.__all__)\n'
             'from gevent import monkey\n'
             'assert not monkey.is_module_patched("socket")\n')
     done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_serve_refuses_to_patch_after_requests_was_imported():
+    code = ('import requests\n'
+            'from llmconn.server import main\n'
+            'raise SystemExit(main(["--port", "0"]))\n')
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and 'requests' in done.stderr and 'Traceback' not in done.stderr
+
+
+def test_worker_command_line_is_derived_from_the_serve_flags():
+    from llmconn.server import serve_parser, worker_argv
+    args = serve_parser().parse_args(['--port', '18000', '--workers', '3', '--idle-timeout', '5',
+                                      '--config', 'x.yaml', '--log-level', 'DEBUG'])
+    argv = worker_argv(args)
+    assert '--workers' not in argv and argv[-1] == '--reuse-port'
+    again = serve_parser().parse_args(argv)
+    assert worker_argv(serve_parser().parse_args(['--no-metrics']))[:1] == ['--no-metrics']
+    assert (again.port, again.idle_timeout, again.config, again.log_level, again.workers) == \
+        (18000, 5.0, 'x.yaml', 'DEBUG', 1)
+
+
+@pytest.mark.parametrize('flags', [['--port', '99999'], ['--idle-timeout', '0'], ['--workers', '0'],
+                                   ['--max-connections', '-1'], ['--grace', '-1']])
+def test_serve_refuses_impossible_flags_without_a_traceback(flags):
+    done = llmconn('serve', '--config', 'no-such.yaml', *flags)
+    assert done.returncode == 2 and done.stderr.startswith('error: ') and 'Traceback' not in done.stderr

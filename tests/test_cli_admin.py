@@ -33,7 +33,7 @@ def _write_config(path: Path, redis_url: str, provider, name: str) -> Path:
           url: {redis_url}
         llm:
           - name: {name}
-            model: claude-sonnet-4-5
+            model: claude-sonnet-5-5
             address: {provider.url}
             secret: {SECRET}
           - name: {name}-other
@@ -96,7 +96,7 @@ def test_usage_prints_a_table_and_json_since_a_day(config, unique):
     assert table.returncode == 0, table.stderr
     header, row, total = table.stdout.splitlines()
     assert header.split()[:4] == ['DAY', 'CONNECTION', 'MODEL', 'CALLS'] and row.split()[1:4] == [
-        unique, 'claude-sonnet-4-5', '2']
+        unique, 'claude-sonnet-5-5', '2']
     rows = json.loads(llmconn_cli('usage', '--connection', unique, '--config', config, '--json').stdout)
     assert [(r['calls'], r['errors']) for r in rows] == [(2, 0)] and rows[0]['input_tokens'] > 0
     later = llmconn_cli('usage', '--since', '2999-01-01', '--connection', unique, '--config', config)
@@ -130,7 +130,7 @@ def test_check_connect_fails_naming_what_is_unreachable(tmp_path, provider, uniq
           url: redis://:pw-never-shown@127.0.0.1:{free_port()}/0
         llm:
           - name: {unique}
-            model: claude-sonnet-4-5
+            model: claude-sonnet-5-5
             address: {dead}
             secret: {SECRET}
             max_retries: 0
@@ -234,3 +234,18 @@ def test_quit_on_a_terminal_leaves_with_status_0(config, unique):
     finally:
         if term.process.poll() is None:
             term.process.kill()
+
+
+def test_chat_text_cannot_drive_the_operators_terminal(config, unique):
+    hostile = 'hi \x1b]0;pwned\x07 \x1b[2J there'
+    assert llmconn_cli('chat', unique, hostile, '--chat-id', 'esc', '--config', config).returncode == 0
+    term = Terminal([sys.executable, '-m', 'llmconn', 'history', unique, 'esc', '--config', config])
+    try:
+        shown = term.expect('assistant: ')
+        assert '\x1b' not in shown and '\\x1b]0;pwned\\x07' in shown
+        assert term.close() == 0
+    finally:
+        if term.process.poll() is None:
+            term.process.kill()
+    piped = llmconn_cli('history', unique, 'esc', '--config', config)     # not a terminal: the text as stored
+    assert hostile in piped.stdout

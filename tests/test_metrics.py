@@ -63,7 +63,7 @@ server:
 llm:
   - name: Support
     provider: claude
-    model: claude-sonnet-4-5
+    model: claude-sonnet-5-5
     address: {provider_url}
     secret: sk-metrics-test
     max_retries: 1
@@ -217,7 +217,16 @@ def test_metrics_of_two_workers_are_summed_and_their_directory_removed(setup, pr
         pids.update(post(url, 'test.pid', {}).json()['pid'] for _ in range(20))
         sent = exercise(url, provider)
         sent['requests'][('test.pid', '200')] += sum(pids.values())
-        samples = scrape(url)
+        # Each worker counts a request just after its last byte is sent; the scrape may reach the other
+        # worker a moment before that.
+        settled = {}
+        try:
+            wait_for(lambda: settled.update(s=scrape(url)) or all(
+                value(settled['s'], 'llmconn_requests_total', service=k[0], status=k[1]) == n
+                for k, n in sent['requests'].items()))
+        except AssertionError:
+            pass                                # check() below says which count is off
+        samples = settled['s']
         assert list(shared_parent.iterdir()), 'the workers write their values under the operator\'s directory'
     finally:
         stop(proc)
@@ -245,6 +254,9 @@ def test_metrics_of_a_worker_that_died_are_kept(setup, provider):
 
     try:
         victim = next(iter(pids()))
+        # A worker counts a request just after its last byte is sent: let the victim finish counting.
+        wait_for(lambda: value(scrape(url), 'llmconn_requests_total', service='test.pid', status='200')
+                 == len(answered))
         os.kill(victim, signal.SIGKILL)         # killed by a signal: the supervisor restarts it
         wait_for(lambda: (lambda seen: victim not in seen and len(seen) == 2)(pids()), timeout=30)
         samples = scrape(url)
@@ -308,7 +320,7 @@ from llmconn import observe
 from llmconn.testing.fake_server import FakeProviderServer
 with FakeProviderServer() as fake:
     registry = llmconn.Registry.from_dict({'redis': {'url': 'memory://'}, 'llm': [
-        {'name': 'C', 'provider': 'claude', 'model': 'claude-sonnet-4-5', 'address': fake.url, 'secret': 'x'}]})
+        {'name': 'C', 'provider': 'claude', 'model': 'claude-sonnet-5-5', 'address': fake.url, 'secret': 'x'}]})
     conn = registry['C']
     conn.chat('hello', chat_id='one')
     events = iter(())
@@ -363,3 +375,18 @@ def test_an_unusable_multiprocess_directory_is_a_clear_error(tmp_path, monkeypat
     monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(tmp_path / 'missing'))
     with pytest.raises(ConfigError, match='create that directory.*--no-metrics'):
         MultiprocessDir()
+
+
+def test_request_labels_are_bounded_whatever_the_path():
+    from types import SimpleNamespace
+
+    from llmconn.wsgi import App
+    app = App(SimpleNamespace(deployer=SimpleNamespace(services={'demo.llm.ask': object()})))
+    labels = {path: app._label(path) for path in (
+        '/demo.llm.ask', '/metrics', '/ready', '/no-such-service', '/x' * 50, '/v1/chat/completions',
+        '/v1/responses', '/v1/responses/resp_123abc', '/v1/models/Support', '/v1/anything')}
+    assert labels == {
+        '/demo.llm.ask': 'demo.llm.ask', '/metrics': 'metrics', '/ready': 'ready', '/no-such-service': '',
+        '/x' * 50: '', '/v1/chat/completions': 'v1/chat/completions', '/v1/responses': 'v1/responses',
+        '/v1/responses/resp_123abc': 'v1/responses/{id}', '/v1/models/Support': 'v1/models/{id}',
+        '/v1/anything': ''}

@@ -216,6 +216,7 @@ def test_syntax_error_is_a_config_error_naming_connection_template_file_and_line
     ({'headers': {'X-Key': '{{ secret'}}, 'headers.X-Key line 1'),
     ({'headers': {'Bad Name': 'x'}}, "'Bad Name' is not a valid header name"),
     ({'headers': {'X-A': 'a{{ "\\n" }}b'}}, 'renders a line break'),
+    ({'headers': {'X-A': 'café'}}, 'renders non-ASCII text'),
     ({'headers': {'X-A': '{{ nope }}'}}, "headers.X-A line 1: 'nope' is undefined"),
     ({'address': ''}, 'field "address": provider template needs'),
     ({'response_template': ''}, 'needs response_template or response_template_file'),

@@ -3,9 +3,9 @@
 Python blocks run in order, each in a fresh namespace, from the repository
 root, with the shipped configuration pointed at the fake provider
 (``LLMCONN_PROVIDER_ADDRESS``, no keys, the in-memory store). YAML blocks
-that show configuration must load, and every connection they show must be
-the shipped one of that name, key for key, so the README never describes a
-file we do not ship.
+must parse; those that show llmconn configuration must load, and every
+connection they show must be the shipped one of that name, key for key, so
+the README never describes a file we do not ship.
 
 A block that cannot run on its own (a line of a ``handle()`` method) is
 marked by an HTML comment on the line before its fence, which readers of
@@ -60,9 +60,21 @@ def test_a_python_block_of_the_readme_runs_as_written(line, code, provider, monk
     exec(compile(code, f'README.md:{line}', 'exec'), {'__name__': f'readme_line_{line}'})
 
 
+CONFIG_KEYS = {'redis', 'skills_dir', 'server', 'llm'}
+
+
+def is_llmconn_config(data) -> bool:
+    """A whole llm.yaml, or a list of its connections (other YAML, e.g. prometheus.yml, is not ours)."""
+    if isinstance(data, dict):
+        return bool(data) and set(data) <= CONFIG_KEYS
+    return isinstance(data, list) and all(isinstance(c, dict) and {'name', 'model'} <= set(c) for c in data)
+
+
 @pytest.mark.parametrize('line, code', blocks('yaml'), ids=lambda v: f'line-{v}' if isinstance(v, int) else '')
 def test_a_yaml_block_of_the_readme_is_the_shipped_configuration(line, code):
-    data = yaml.safe_load(code)
+    data = yaml.safe_load(code)             # every YAML block at least parses
+    if not is_llmconn_config(data):
+        return
     connections = data if isinstance(data, list) else data.get('llm', [])
     if isinstance(data, dict):
         mod_config.load_dict(data, base_dir=ROOT / 'etc', environ={})

@@ -60,6 +60,26 @@ class Header(Service):
         self.response.payload = {'ok': True}
 
 
+class StreamExit(Service):
+    name = 'hostile.stream-exit'
+
+    def handle(self):
+        def events():
+            yield 'first'
+            sys.exit(4)
+        self.response.stream(events())
+
+
+class Hold(Service):
+    name = 'hostile.hold'
+
+    def handle(self):
+        import gevent
+        self.logger.info('holding cid=%s', self.cid)
+        gevent.sleep(float(self.request.payload['seconds']))
+        self.response.payload = {'held': True}
+
+
 class Patched(Service):
     name = 'hostile.patched'
 
@@ -72,9 +92,12 @@ class Busy(Service):
     name = 'hostile.busy'
 
     def handle(self):
-        from llmconn.errors import ChatBusy, StoreError
+        from llmconn.errors import ChatBusy, LockLost, StoreError
         if self.request.payload['kind'] == 'busy':
             raise ChatBusy('Chat x is busy: another call held it. Try again later, or raise lock_wait')
+        if self.request.payload['kind'] == 'lost':
+            raise LockLost('The lock of chat x on redis://127.0.0.1:6390/0 expired (GC pause longer than '
+                           'lock_ttl?). Retry the call; raise lock_ttl if this repeats.')
         raise StoreError('The chat store redis://127.0.0.1:6390/0 does not answer: Connection refused')
 '''
 
@@ -113,8 +136,17 @@ def fake():
         yield server
 
 
+@pytest.fixture(scope='module')
+def server(tmp_path_factory, fake):
+    """One server for the tests that leave it running."""
+    s = Server(tmp_path_factory.mktemp('shared'), fake.url)
+    yield s
+    s.close()
+
+
 @pytest.fixture
-def server(tmp_path, fake):
+def own_server(tmp_path, fake):
+    """A server this test may stop; its 20 s grace shows whether a request was left counted."""
     s = Server(tmp_path, fake.url, extra=['--grace', '20'])
     yield s
     s.close()
@@ -157,16 +189,24 @@ def test_system_exit_or_keyboard_interrupt_in_handle_is_a_500_and_the_server_kee
 
 # -- item 3: statuses and headers a service sets are validated ----------------------------------
 
-@pytest.mark.parametrize('payload', [{'kind': 'crlf'}, {'kind': 'nul'}, {'kind': 'name'}, {'kind': 'hop'},
-                                     {'kind': 'status', 'status': 0}, {'kind': 'status', 'status': 99999},
-                                     {'kind': 'status', 'status': 101}, {'kind': 'status', 'status': '200'}])
-def test_invalid_status_or_header_from_a_service_is_a_500_and_does_not_leak_the_in_flight_count(server, payload):
+BAD_RESPONSES = [{'kind': 'crlf'}, {'kind': 'nul'}, {'kind': 'name'}, {'kind': 'hop'},
+                 {'kind': 'status', 'status': 0}, {'kind': 'status', 'status': 99999},
+                 {'kind': 'status', 'status': 101}, {'kind': 'status', 'status': '200'}]
+
+
+@pytest.mark.parametrize('payload', BAD_RESPONSES)
+def test_invalid_status_or_header_from_a_service_is_a_500_with_a_log_line(server, payload):
     response = server.post('hostile.header', payload)
     assert response.status_code == 500, response.text
     assert 'X-Evil' not in response.headers and 'stolen' not in response.headers.get('Set-Cookie', '')
     assert response.json()['cid'] == response.headers['X-Cid']
-    assert 'service hostile.header set' in server.log_text()
-    assert_prompt_sigterm(server)
+    assert 'service hostile.header set' in server.log_text() and f'cid={response.headers["X-Cid"]}' in server.log_text()
+
+
+def test_invalid_responses_do_not_leak_the_in_flight_count(own_server):
+    for payload in BAD_RESPONSES:
+        assert own_server.post('hostile.header', payload).status_code == 500
+    assert_prompt_sigterm(own_server)
 
 
 # -- item 4: malformed request bodies are 400, without a traceback -------------------------------
@@ -185,10 +225,11 @@ def test_deeply_nested_json_is_400_not_500(server):
     b'8\r\n{"a": 1}\r\n0\r\n\r\n',
 ])
 def test_truncated_body_or_ambiguous_length_is_400_without_a_traceback(server, head):
+    before = len(server.log_text())
     answer = raw_request(server.port, head)
     assert answer.startswith(b'HTTP/1.1 400'), answer[:200]
-    assert server.post('test.echo', {'a': 1}).status_code == 200
-    assert 'Traceback' not in server.log_text()
+    assert server.post('test.echo', {'a': 1}).status_code == 200     # logged after the 400's lines
+    assert 'Traceback' not in server.log_text()[before:]
 
 
 # -- item 24: 429 and 503 bodies are short; the advice and the address go to the log --------------
@@ -196,10 +237,13 @@ def test_truncated_body_or_ambiguous_length_is_400_without_a_traceback(server, h
 def test_busy_and_store_errors_tell_the_client_little_and_the_log_everything(server):
     busy = server.post('hostile.busy', {'kind': 'busy'})
     down = server.post('hostile.busy', {'kind': 'store'})
-    assert busy.status_code == 429 and down.status_code == 503
-    for response in (busy, down):
+    lost = server.post('hostile.busy', {'kind': 'lost'})
+    assert busy.status_code == 429 and down.status_code == 503 and lost.status_code == 503
+    assert 'retry' in lost.json()['error']
+    for response in (busy, down, lost):
         assert set(response.json()) == {'error', 'cid'}
-        assert 'lock_wait' not in response.text and '6390' not in response.text and '127.0.0.1' not in response.text
+        for operator_detail in ('lock_wait', 'lock_ttl', '6390', '127.0.0.1'):
+            assert operator_detail not in response.text
     log = server.log_text()
     assert f'cid={busy.headers["X-Cid"]}' in log and 'raise lock_wait' in log
     assert f'cid={down.headers["X-Cid"]}' in log and '6390' in log
@@ -327,3 +371,58 @@ def test_idle_connections_beyond_a_low_descriptor_limit_do_not_starve_health(tmp
         for sock in idle:
             sock.close()
         stop(proc)
+
+
+def test_system_exit_in_a_stream_ends_it_with_an_error_event_and_the_server_keeps_serving(server):
+    with requests.post(f'{server.url}/hostile.stream-exit', timeout=10, stream=True) as response:
+        assert response.status_code == 200
+        text = response.text
+    assert 'event: text' in text and 'event: error' in text and '"status": 500' in text
+    assert server.proc.poll() is None and server.post('test.echo', {'a': 1}).status_code == 200
+
+
+def test_a_request_body_trickling_in_is_cut_off_with_408(short_idle):
+    with socket.create_connection(('127.0.0.1', short_idle.port)) as sock:
+        sock.sendall(b'POST /test.echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n')
+        sock.settimeout(0.2)
+        answer = b''
+        for _ in range(100):        # a byte every 0.2 s, for up to 20 s: each read is quick, the body is not
+            try:
+                sock.sendall(b' ')
+                answer += sock.recv(4096)
+                if answer:
+                    break
+            except socket.timeout:
+                continue
+        assert answer.startswith(b'HTTP/1.1 408'), answer
+
+
+def test_at_the_connection_limit_with_every_connection_busy_a_new_one_gets_503(tmp_path, fake):
+    s = Server(tmp_path, fake.url, extra=['--max-connections', '2'])
+    try:
+        import threading
+        held = [threading.Thread(target=s.post, args=('hostile.hold', {'seconds': 3})) for _ in range(2)]
+        for thread in held:
+            thread.start()
+        assert wait_for(lambda: 'Refused' in s.log_text() or
+                        requests.get(f'{s.url}/health', timeout=10).status_code == 503)
+        for thread in held:
+            thread.join()
+        assert s.get('health').status_code == 200       # room again once they are answered
+    finally:
+        s.close()
+
+
+def test_ready_is_503_while_the_server_drains_on_sigterm(own_server):
+    import threading
+    session = requests.Session()
+    assert session.get(f'{own_server.url}/ready', timeout=5).status_code == 200     # a kept-alive connection
+    held = threading.Thread(target=own_server.post, args=('hostile.hold', {'seconds': 2}))
+    held.start()
+    assert wait_for(lambda: 'holding' in own_server.log_text())
+    own_server.proc.send_signal(signal.SIGTERM)
+    assert wait_for(lambda: 'Got signal' in own_server.log_text())
+    ready = session.get(f'{own_server.url}/ready', timeout=5)
+    assert ready.status_code == 503 and ready.json()['reason'] == 'the server is shutting down'
+    held.join()
+    session.close()

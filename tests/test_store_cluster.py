@@ -84,6 +84,13 @@ def test_scripts_lost_by_a_node_are_loaded_again(cluster, store, unique):
     assert [t.user for t in store.history(unique, 'c')] == ['m0', 'm1']
 
 
+def test_scan_finds_chats_on_every_master(store, unique):
+    from llmconn.store.keys import encode
+    for i in range(12):
+        say(store, unique, f'scan-{i}', 'hello')
+    found = set(store.scan(f'llmconn:{{{encode(unique)}:*}}:turns'))
+    assert len(found) == 12
+
 def test_a_master_killed_mid_conversation(cluster, store, unique):
     """Calls during the failover succeed or fail cleanly; no acknowledged turn is lost or doubled."""
     for i in range(3):
@@ -93,6 +100,9 @@ def test_a_master_killed_mid_conversation(cluster, store, unique):
     # A lock taken just before the master dies: the promoted replica may not have it; the old
     # holder's save is then fenced (LockLost) or lands (the lock had replicated) - never both.
     stale = store.begin(unique, 'c', window=100, lock_ttl=1.0, lock_wait=TTL)
+    replica_sha = store._runner._scripts['finish'].sha
+    replicas_of_master = [p for p in cluster.ports if p != master and p not in cluster.masters()]
+    assert any(redis.Redis(port=p).script_exists(replica_sha) == [False] for p in replicas_of_master)
     cluster.servers.kill(master)
     # The killed node comes back once its replica took over, as the new master's replica, so
     # that replicas: 1 can be met again.
@@ -120,3 +130,4 @@ def test_a_master_killed_mid_conversation(cluster, store, unique):
         stale.release()
     except StoreError:
         pass
+

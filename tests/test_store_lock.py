@@ -132,8 +132,8 @@ def test_waiting_sends_no_polling_commands(store, other, unique):
     started = time.monotonic()
     other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).release()
     assert 1.5 <= time.monotonic() - started < 2.5          # woken by the release, nothing in between
-    # ACQUIRE (busy, queued), one BLPOP woken by the release, ACQUIRE (ours), FINISH.
-    assert sent == ['acquire', 'BLPOP', 'acquire', 'finish']
+    # ACQUIRE (busy, queued), one BLPOP woken by the release with the window, FINISH.
+    assert sent == ['acquire', 'BLPOP', 'finish']
 
 
 def test_a_waiter_keeps_its_place_however_long_it_waits(store, other, unique, redis_client):
@@ -295,7 +295,7 @@ def test_a_caller_that_just_released_cannot_jump_the_queue(store, other, unique,
 def dead_waiter(redis_client, keys, token: str, ttl_ms: int, deadline_ms: int) -> None:
     """Queue an entry for a waiter that will never claim anything (killed while waiting)."""
     now_s, now_us = redis_client.time()
-    redis_client.rpush(keys.queue, f'{token}:{ttl_ms}:{now_s * 1000 + now_us // 1000 + deadline_ms}')
+    redis_client.rpush(keys.queue, f'{token}:{ttl_ms}:{now_s * 1000 + now_us // 1000 + deadline_ms}:5')
 
 
 def test_a_waiter_killed_in_the_queue_blocks_the_chat_at_most_its_lock_ttl(store, other, unique, redis_client):
@@ -318,6 +318,22 @@ def test_a_waiter_past_its_deadline_is_skipped(store, other, unique, redis_clien
     other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0).release()
 
 
+def test_a_handed_over_waiter_gets_the_window_with_the_lock(store, other, unique, redis_client):
+    keys = chat_keys(unique, 'c')
+    holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    seen = []
+    waiter = threading.Thread(target=lambda: seen.append(
+        other.begin(unique, 'c', window=2, lock_ttl=TTL, lock_wait=TTL)))
+    waiter.start()
+    wait_until_queued(redis_client, keys, 1)
+    holder.save(turn('m0'), expiry=60, max_turns=10)
+    waiter.join(5)
+    lock, = seen
+    assert [t.user for t in lock.turns] == ['m0']         # the turn saved by the handover itself
+    lock.save(turn('m1'), expiry=60, max_turns=10)
+    assert [t.user for t in store.history(unique, 'c')] == ['m0', 'm1']
+
+
 def test_a_waiter_that_gives_up_leaves_the_queue(store, other, unique, redis_client):
     keys = chat_keys(unique, 'c')
     holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
@@ -338,3 +354,24 @@ def test_a_lock_handed_to_a_waiter_as_it_gives_up_goes_to_the_next(store, other,
     _leave(other, keys, 'aa11', reply[3])
     assert not redis_client.exists(keys.lock)
     other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0).release()
+
+
+def test_a_cancelled_waiter_leaves_the_queue(store, other, unique, redis_client):
+    keys = chat_keys(unique, 'c')
+    holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+
+    class Cancelled(BaseException):
+        """As a greenlet kill arrives in a blocked waiter."""
+
+    block = other._runner.block
+
+    def cancelled(key, timeout):
+        raise Cancelled()
+
+    other._runner.block = cancelled
+    with pytest.raises(Cancelled):
+        other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    other._runner.block = block
+    assert redis_client.llen(keys.queue) == 0
+    holder.release()
+    assert not redis_client.exists(keys.lock)          # nobody was handed a lock it would never claim

@@ -90,3 +90,30 @@ def test_replicas_are_validated():
 def test_unix_socket_url():
     target = parse_redis_url('unix:///run/redis.sock?db=2')
     assert (target.kind, target.path, target.db) == (SINGLE, '/run/redis.sock', 2)
+
+
+def test_url_options_reach_the_clients():
+    for url in ('redis://127.0.0.1:1/0?socket_timeout=1.5&max_connections=7&health_check_interval=3',
+                'redis+sentinel://127.0.0.1:1/m/0?socket_timeout=1.5&sentinel_password=x'):
+        store = open_store(url)
+        kwargs = store._runner.client.connection_pool.connection_kwargs
+        assert kwargs['socket_timeout'] == 1.5
+        store.close()
+    store = open_store('redis://127.0.0.1:1/0?max_connections=7')
+    assert store._runner.client.connection_pool.max_connections == 7
+    store.close()
+
+
+@pytest.mark.parametrize('url', ['redis+cluster://u:pw-s3cret@127.0.0.1:1,127.0.0.1:2',
+                                 'redis+sentinel://u:pw-s3cret@127.0.0.1:1,127.0.0.1:2/mymaster/0'])
+def test_opening_a_cluster_or_sentinel_store_does_not_connect_and_failing_is_a_store_error(url):
+    import time
+
+    from llmconn.errors import StoreError
+    store = open_store(url)                      # nothing listens there: loading must not care
+    started = time.monotonic()
+    with pytest.raises(StoreError) as info:
+        store.begin('conn', 'c', window=5, lock_ttl=5, lock_wait=5)
+    assert time.monotonic() - started < 5
+    assert 'pw-s3cret' not in str(info.value) and 'u:***@' in str(info.value)
+    store.close()

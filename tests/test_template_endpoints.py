@@ -179,6 +179,18 @@ def test_headers_carry_the_secret_and_a_refused_key_is_an_auth_error_without_it(
     assert 'sk-wrong-key-456' not in json.dumps(caught.value.provider_body)
 
 
+def test_the_gateway_backend_calls_a_template_connection_whole_even_when_asked_to_stream(make, provider):
+    from llmconn.gateway.backend import events
+    from llmconn.gateway.items import Conversation
+    from llmconn.types import Turn
+    conn = make('chat-completions', provider.url + '/v1/chat/completions')
+    conversation = Conversation(system='be brief', turns=(Turn('one', 'first'),), text='two')
+    for stream in (False, True):
+        out = list(events(conn, conversation, {}, stream))
+        assert out[-1].type == 'done' and out[-1].result['text'] == 'echo: two | users: 2 | previous: one | system: yes'
+    assert [e.type for e in out] == ['text', 'done']
+
+
 # ---- a stateless template, the session agent
 
 

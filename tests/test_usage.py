@@ -25,7 +25,7 @@ SECRET = 'sk-usage-secret-never-stored'
 
 def _config(url: str, provider, name: str) -> dict:
     return {'redis': {'url': url}, 'llm': [
-        {'name': name, 'model': 'claude-sonnet-4-5', 'address': provider.url, 'secret': SECRET},
+        {'name': name, 'model': 'claude-sonnet-5-5', 'address': provider.url, 'secret': SECRET},
         {'name': name + '-bad', 'model': 'gpt-4o-mini', 'provider': 'openai', 'address': provider.url + '/nowhere',
          'secret': SECRET, 'max_retries': 0}]}
 
@@ -224,7 +224,7 @@ def test_a_served_invoke_is_written_when_the_server_stops_gracefully(tmp_path, r
     from conftest import free_port
     from llmconn.demo import start_server, stop
     config = tmp_path / 'llm.yaml'
-    config.write_text(f'redis:\n  url: {redis_url}\nllm:\n  - name: Support\n    model: claude-sonnet-4-5\n'
+    config.write_text(f'redis:\n  url: {redis_url}\nllm:\n  - name: Support\n    model: claude-sonnet-5-5\n'
                       f'    address: {provider.url}\n    secret: {SECRET}\n')
     services = tmp_path / 'services'
     services.mkdir()

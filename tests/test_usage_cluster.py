@@ -31,8 +31,8 @@ def cluster(tmp_path_factory):
 
 def _config(cluster, provider, name):
     return {'redis': {'url': cluster.url}, 'llm': [
-        {'name': name, 'model': 'claude-sonnet-4-5', 'address': provider.url, 'secret': 'sk-cluster-secret'},
-        {'name': name + '-bad', 'model': 'claude-sonnet-4-5', 'address': provider.url + '/nowhere',
+        {'name': name, 'model': 'claude-sonnet-5-5', 'address': provider.url, 'secret': 'sk-cluster-secret'},
+        {'name': name + '-bad', 'model': 'claude-sonnet-5-5', 'address': provider.url + '/nowhere',
          'secret': 'sk-cluster-secret', 'max_retries': 0}]}
 
 

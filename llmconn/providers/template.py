@@ -100,6 +100,8 @@ class TemplateProvider(Provider):
             value = render(template, f'headers.{name}', context)
             if '\r' in value or '\n' in value:
                 raise ValueError(f'headers.{name} renders a line break, which no header may hold')
+            if not value.isascii():
+                raise ValueError(f'headers.{name} renders non-ASCII text, which HTTP headers cannot carry')
             headers[name.lower()] = value
         return headers
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from llmconn.errors import ConfigError
 from llmconn.store.history import ChatStore
 from llmconn.store.lock import ACQUIRE, FINISH, RENEW
-from llmconn.store.runner import ClusterRunner, RedisRunner, SentinelRunner
+from llmconn.store.runner import ClusterRunner, PooledRunner, RedisRunner, SentinelRunner
 from llmconn.store.urls import CLUSTER, MEMORY, SENTINEL, RedisTarget, parse_redis_url
 
 logger = logging.getLogger('llmconn.store')
@@ -61,9 +61,9 @@ def open_store(url: str, *, clock: Callable[[], float] | None = None, replicas: 
         runner = RedisRunner(lambda timeout: client, SCRIPTS, SOCKET_TIMEOUT)
         return ChatStore(runner, target, shared=False, clock=clock)
     make = {CLUSTER: _cluster_maker, SENTINEL: _sentinel_maker}.get(target.kind, _redis_maker)(target)
-    kind = {CLUSTER: ClusterRunner, SENTINEL: SentinelRunner}.get(target.kind, RedisRunner)
+    kind = {CLUSTER: ClusterRunner, SENTINEL: SentinelRunner}.get(target.kind, PooledRunner)
     try:
-        runner = kind(make, SCRIPTS, SOCKET_TIMEOUT)
+        runner = kind(make, SCRIPTS, target.options.get('socket_timeout', SOCKET_TIMEOUT))
     except (TypeError, ValueError) as exc:
         raise ConfigError(f'redis.url {target.display!r} is invalid: {_without_secret(str(exc), target)}') from None
     return ChatStore(runner, target, shared=True, clock=clock, replicas=replicas,
@@ -77,7 +77,8 @@ def _common(target: RedisTarget) -> dict:
 
     kwargs = dict(username=target.username, password=target.password, socket_connect_timeout=CONNECT_TIMEOUT,
                   retry=Retry(NoBackoff(), CONNECTION_RETRIES), max_connections=MAX_CONNECTIONS)
-    kwargs.update({k: v for k, v in target.options.items() if not k.startswith('sentinel_')})
+    # socket_timeout is the runner's to give: waiters block on a client with a longer one.
+    kwargs.update({k: v for k, v in target.options.items() if not k.startswith('sentinel_') and k != 'socket_timeout'})
     if target.tls:
         kwargs['ssl'] = True
     return kwargs
@@ -97,17 +98,22 @@ def _redis_maker(target: RedisTarget) -> Callable[[float], Any]:
 
 
 def _sentinel_maker(target: RedisTarget) -> Callable[[float], Any]:
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
     from redis.sentinel import Sentinel
 
     kwargs = _common(target)
-    kwargs.pop('max_connections')
+    max_connections = kwargs.pop('max_connections')
     sentinel_kwargs = {k.removeprefix('sentinel_'): v for k, v in target.options.items() if k.startswith('sentinel_')}
-    sentinel_kwargs.update(socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT)
+    # A sentinel that does not answer is skipped for the next one in the list, at once (redis-py's
+    # default would retry each one three times with backoff before asking the next).
+    sentinel_kwargs.update(socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT,
+                           retry=Retry(NoBackoff(), 0))
     if target.tls:
         sentinel_kwargs['ssl'] = True
     sentinel = Sentinel(list(target.hosts), sentinel_kwargs=sentinel_kwargs, **kwargs)
     return lambda timeout: sentinel.master_for(target.master, socket_timeout=timeout, db=target.db,
-                                               max_connections=MAX_CONNECTIONS)
+                                               max_connections=max_connections)
 
 
 def _cluster_maker(target: RedisTarget) -> Callable[[float], Any]:

@@ -3,7 +3,9 @@
 A chat is a Redis list of JSON turns, oldest first, capped at
 ``max_turns`` and expiring ``expiry`` seconds after its last turn. A chat
 call reads only its window (O(window), whatever is stored) and writes one
-turn: BEGIN and SAVE, one atomic script and one round trip each.
+turn: ACQUIRE and FINISH of :mod:`llmconn.store.lock`, one atomic script
+and one round trip each, sent through the deployment's runner
+(:mod:`llmconn.store.runner`).
 
 This module is the one place where ``redis`` exceptions become
 :class:`StoreError`; nothing above :mod:`llmconn.store` sees them.
@@ -16,7 +18,7 @@ import os
 import threading
 import time as mod_time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -156,6 +158,18 @@ class ChatStore:
         """Forget the chat's turns. A call holding its lock keeps it and may still save its turn."""
         try:
             self._runner.client.delete(chat_keys(conn_name, chat_id).turns)
+        except _REDIS_ERRORS as exc:
+            raise self._error(exc) from exc
+
+    def scan(self, match: str, count: int = 1000) -> Iterator[bytes]:
+        """Every key matching ``match`` (a SCAN glob), on every master of a cluster; for admin tools."""
+        client = self._runner.client
+        try:
+            if hasattr(client, 'get_primaries'):        # RedisCluster: SCAN is per node
+                for node in client.get_primaries():
+                    yield from client.get_redis_connection(node).scan_iter(match=match, count=count)
+            else:
+                yield from client.scan_iter(match=match, count=count)
         except _REDIS_ERRORS as exc:
             raise self._error(exc) from exc
 

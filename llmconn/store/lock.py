@@ -16,12 +16,13 @@ extends checks the token first (fencing).
 Waiting in line, first come first served, without polling::
 
     t0  A holds the chat. B's ACQUIRE finds it taken: B is appended to the chat's
-        queue (entry "token:ttl:deadline") and blocks in BLPOP on its own wake-up
-        list, for as long as A's lock has left (A renewing keeps B asleep).
+        queue (entry "token:ttl:deadline:window") and blocks in BLPOP on its own
+        wake-up list, for as long as A's lock has left (A renewing keeps B asleep).
     t1  C queues behind B the same way.
     t2  A saves: FINISH pops the queue's head (B), sets the lock to B's token and
-        pushes B's wake-up. The lock never becomes free, so nobody (not A calling
-        again) can jump the queue. B's ACQUIRE finds its own token: B holds it.
+        pushes B's window (A's turn included) as B's wake-up: B holds the chat and
+        has read it, in one round trip. The lock never becomes free, so nobody
+        (not A calling again) can jump the queue.
     t3  B waited 40 s? It still has its place: its place is in Redis, not in a
         blocked connection, and re-blocking (each BLOCK_CAP, or a reconnect)
         never re-queues it.
@@ -105,15 +106,14 @@ DONE, ALREADY_SAVED, NOT_OURS = 1, 2, 0
 # the lock is ours (also when it already held our token: handed to us, or this
 # call re-sent after a lost reply); else {0, pttl of the holder, our place, our entry}.
 ACQUIRE = """
-local function window()
-    local n = tonumber(ARGV[3])
+local function window(n)
     if n <= 0 then return '' end      -- LRANGE key -0 -1 would be the whole list
     return table.concat(redis.call('LRANGE', KEYS[2], -n, -1), '\\n')
 end
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {1, window()}
+    return {1, window(tonumber(ARGV[3]))}
 end
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
@@ -123,17 +123,17 @@ if not holder then
         local entry = redis.call('LPOP', KEYS[3])
         if not entry then
             redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-            return {1, window()}
+            return {1, window(tonumber(ARGV[3]))}
         end
-        local token, ttl, deadline = string.match(entry, '^(%x+):(%d+):(%d+)$')
+        local token, ttl, deadline, size = string.match(entry, '^(%x+):(%d+):(%d+):(%d+)$')
         if token == ARGV[1] then
             redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-            return {1, window()}
+            return {1, window(tonumber(ARGV[3]))}
         end
         if token and tonumber(deadline) > now then
             redis.call('SET', KEYS[1], token, 'PX', ttl)
             local wake = KEYS[1] .. ':' .. token
-            redis.call('RPUSH', wake, '1')
+            redis.call('RPUSH', wake, window(tonumber(size)))
             redis.call('PEXPIRE', wake, ttl)
             break
         end
@@ -144,7 +144,7 @@ if ARGV[4] == '0' then
 end
 local entry = ARGV[5]
 if entry == '' or not redis.call('LPOS', KEYS[3], entry) then
-    entry = ARGV[1] .. ':' .. ARGV[2] .. ':' .. (now + tonumber(ARGV[4]))
+    entry = ARGV[1] .. ':' .. ARGV[2] .. ':' .. (now + tonumber(ARGV[4])) .. ':' .. ARGV[3]
     redis.call('RPUSH', KEYS[3], entry)
     local keep = tonumber(ARGV[4]) + tonumber(ARGV[2])
     if redis.call('PTTL', KEYS[3]) < keep then
@@ -156,7 +156,7 @@ end
 return {0, redis.call('PTTL', KEYS[1]), 0, entry}
 """
 
-# Saves a turn (or only releases) and hands the lock to the first live waiter.
+# Saves a turn (or only releases) and hands the lock to the first live waiter, with its window.
 #   KEYS[1] - lock, KEYS[2] - turns, KEYS[3] - queue, KEYS[4] - saved tokens
 #   ARGV[1] - our token, ARGV[2] - the turn as compact JSON ('' = release, save nothing),
 #   ARGV[3] - max stored turns, ARGV[4] - chat expiry (ms),
@@ -204,11 +204,16 @@ while true do
         redis.call('DEL', KEYS[1])
         return 1
     end
-    local token, ttl, deadline = string.match(entry, '^(%x+):(%d+):(%d+)$')
+    local token, ttl, deadline, size = string.match(entry, '^(%x+):(%d+):(%d+):(%d+)$')
     if token and token ~= ARGV[1] and tonumber(deadline) > now then
         redis.call('SET', KEYS[1], token, 'PX', ttl)
         local wake = KEYS[1] .. ':' .. token
-        redis.call('RPUSH', wake, '1')
+        local n = tonumber(size)
+        local turns = ''
+        if n > 0 then                     -- the waiter's window, so it need not read it again
+            turns = table.concat(redis.call('LRANGE', KEYS[2], -n, -1), '\\n')
+        end
+        redis.call('RPUSH', wake, turns)
         redis.call('PEXPIRE', wake, ttl)
         return 1
     end
@@ -241,18 +246,26 @@ def acquire(store: 'ChatStore', keys: 'ChatKeys', token: str, *, window: int, tt
         raise busy()
     deadline = clock() + lock_wait
     pttl, place, entry = reply[1], reply[2], reply[3]
-    while True:
-        remaining = deadline - clock()
-        if remaining <= 0:
+    try:
+        while True:
+            remaining = deadline - clock()
+            if remaining <= 0:
+                raise busy()
+            # Asleep for as long as the holder's lock has left: a dead holder is noticed when it expires.
+            timeout = min(remaining, BLOCK_CAP, pttl / 1000.0 if pttl > 0 else MIN_BLOCK if pttl == -2 else BLOCK_CAP)
+            woken = store._block(keys.wake(token), max(timeout, MIN_BLOCK))
+            if woken:       # handed over: the lock holds our token, the wake-up our window
+                return woken[1], place
+            reply = store._script('acquire', acquire_keys, (token, ttl_ms, window, int(remaining * 1000) or 1, entry))
+            if reply[0] == 1:
+                return reply[1], place
+            pttl, entry = reply[1], reply[3]
+    except BaseException as exc:
+        # Giving up (ChatBusy), or cancelled (a greenlet killed, a client gone): leave the line, so
+        # nobody hands this call the lock and waits for it. With Redis down there is nothing to leave.
+        if not isinstance(exc, StoreError):
             _leave(store, keys, token, entry)
-            raise busy()
-        # Asleep for as long as the holder's lock has left: a dead holder is noticed when it expires.
-        timeout = min(remaining, BLOCK_CAP, pttl / 1000.0 if pttl > 0 else MIN_BLOCK if pttl == -2 else BLOCK_CAP)
-        store._block(keys.wake(token), max(timeout, MIN_BLOCK))
-        reply = store._script('acquire', acquire_keys, (token, ttl_ms, window, int(remaining * 1000) or 1, entry))
-        if reply[0] == 1:
-            return reply[1], place
-        pttl, entry = reply[1], reply[3]
+        raise
 
 
 def _leave(store: 'ChatStore', keys: 'ChatKeys', token: str, entry: bytes) -> None:
