@@ -26,6 +26,7 @@ request-smuggling vector behind proxies), without a traceback in the log.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import select
@@ -125,7 +126,10 @@ class Handler(WSGIHandler):
 
     def MessageClass(self, fp, *args):      # noqa: N802 (pywsgi's name): parses the headers
         # Checked here, before pywsgi quietly drops Content-Length in favour of chunked.
-        headers = super().MessageClass(fp, *args)
+        try:
+            headers = super().MessageClass(fp, *args)
+        except http.client.HTTPException as e:      # more than 100 headers: a 400, without a traceback
+            raise ValueError(f'{e}; send fewer') from None
         lengths = headers.get_all('content-length') or []
         if len(lengths) > 1:
             raise ValueError(f'{len(lengths)} Content-Length headers; send exactly one')

@@ -485,3 +485,12 @@ def test_ready_is_503_while_the_server_drains_on_sigterm(own_server):
     assert ready.status_code == 503 and ready.json()['reason'] == 'the server is shutting down'
     held.join()
     session.close()
+
+
+def test_a_request_with_too_many_headers_is_a_400_without_a_traceback(server):
+    before = len(server.log_text())
+    head = b'GET /health HTTP/1.1\r\n' + b''.join(b'X-%d: y\r\n' % i for i in range(500)) + b'\r\n'
+    answer = raw_request(server.port, head)
+    assert answer.startswith(b'HTTP/1.1 400'), answer[:200]
+    assert server.post('test.echo', {'a': 1}).status_code == 200     # logged after the 400's lines
+    assert 'Traceback' not in server.log_text()[before:]
