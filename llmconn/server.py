@@ -254,7 +254,7 @@ def _supervise(args: argparse.Namespace) -> int:
     try:
         return supervise(serve_command(worker_argv(args, sock.fileno())), args.workers,
                          env=shared.env() if shared else None, on_exit=shared.worker_exited if shared else None,
-                         pass_fds=(sock.fileno(),))
+                         listener=sock)
     finally:
         sock.close()
         if shared:

@@ -10,15 +10,19 @@ port in use) would fail again on every restart, so the supervisor stops
 all workers and exits with its code.
 
 The workers accept from one listening socket the caller bound and passes
-in ``pass_fds`` (see :mod:`llmconn.listener`): it stays open here while
+in as ``listener`` (see :mod:`llmconn.listener`): it stays open here while
 workers come and go, so connections queued when one dies wait for the
-others instead of being reset with the dead one's socket.
+others instead of being reset with the dead one's socket. On SIGTERM the
+supervisor closes its copy as the workers close theirs, so new clients are
+refused at once while the workers finish what they have, rather than
+queued on a socket nobody accepts from.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import socket
 import subprocess
 import time as mod_time
 from typing import Callable
@@ -32,18 +36,21 @@ STARTUP_WINDOW = 5.0              # a worker exiting with an error this soon aft
 
 
 def supervise(command: list[str], count: int, env: dict | None = None,
-              on_exit: Callable[[int], None] | None = None, pass_fds: tuple[int, ...] = ()) -> int:
+              on_exit: Callable[[int], None] | None = None, listener: socket.socket | None = None) -> int:
     """Run ``count`` workers of ``command`` until SIGTERM/SIGINT, which they are sent; the exit code.
 
     ``env``: the workers' environment; ``on_exit(pid)``: told of each worker that died (the metrics);
-    ``pass_fds``: descriptors every worker inherits (the listening socket).
+    ``listener``: the listening socket every worker inherits, closed here on SIGTERM.
     """
+    pass_fds = (listener.fileno(),) if listener is not None else ()
     workers = [_Worker(command, env, on_exit, pass_fds) for _ in range(count)]
     stopping = False
 
     def stop_all(signum=None, frame=None) -> None:
         nonlocal stopping
         stopping = True
+        if listener is not None:
+            listener.close()
         for worker in workers:
             worker.terminate()
 

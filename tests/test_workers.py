@@ -32,6 +32,21 @@ class Pid(Service):
         self.response.payload = {'pid': os.getpid()}
 
 
+class Hold(Service):
+    name = 'test.hold'
+
+    def handle(self):
+        # Busy until the test creates the file (bounded, so a failed test leaves no request behind).
+        import gevent
+        from pathlib import Path
+        Path(self.request.payload['started']).touch()
+        for _ in range(3000):
+            if Path(self.request.payload['release']).exists():
+                break
+            gevent.sleep(0.01)
+        self.response.payload = {'held': True}
+
+
 class Exit(Service):
     name = 'test.exit'
 
@@ -227,3 +242,44 @@ def test_system_exit_in_a_service_takes_down_neither_a_worker_nor_the_supervisor
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
+
+
+def test_while_workers_drain_on_sigterm_new_clients_are_refused_not_queued(setup, tmp_path):
+    # The supervisor's copy of the listening socket kept it open after every worker closed its own:
+    # new connections queued on it, unanswered, until the last worker finished.
+    import threading
+    config, services = setup
+    port = free_port()
+    release, started = tmp_path / 'release', tmp_path / 'started'
+    proc = start_server(config, services, port, extra=['--workers', '2', '--grace', '30'])
+    answers = []
+    held = threading.Thread(target=lambda: answers.append(requests.post(
+        f'http://127.0.0.1:{port}/test.hold', json={'release': str(release), 'started': str(started)},
+        timeout=30).status_code))
+    try:
+        assert len(pids_answering(port, 2)) == 2
+        held.start()
+        deadline = time.monotonic() + 20
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        refused = False
+        while not refused and time.monotonic() < deadline:
+            try:
+                with socket.create_connection(('127.0.0.1', port), timeout=2) as sock:
+                    sock.sendall(b'GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n')
+                    sock.recv(1)    # a worker still serving answers; a queued connection times out here
+            except ConnectionRefusedError:
+                refused = True
+            except ConnectionResetError:
+                pass        # queued in the instant the last copy of the socket closed: reset, and asked again
+            time.sleep(0.01)
+        assert refused, 'new connections were still taken while the workers drained'
+        assert proc.poll() is None and held.is_alive()      # the held request is still being finished
+    finally:
+        release.touch()
+        if held.ident:
+            held.join(30)
+        assert proc.wait(30) == 0
+    assert answers == [200]
