@@ -209,3 +209,18 @@ def test_counters_with_the_hash_expiry_set_it_once_on_the_first_new_field(redis_
         assert 4000 < client.ttl(ledger) <= 5000
     finally:
         store.close()
+
+
+def test_a_durable_save_on_a_server_that_lost_its_scripts_loads_them_and_keeps_the_connection_in_step(
+        redis_server, unique):
+    # EVALSHA and WAIT go out in one send: a NOSCRIPT reply must not leave WAIT's reply unread.
+    store = open_store(redis_server.url, replicas=1, replica_timeout=0.05)
+    try:
+        lock = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+        redis.Redis(port=redis_server.port).script_flush()
+        with pytest.raises(StoreError, match='reached only 0 of 1'):      # this server has no replica
+            lock.save(turn('one'), expiry=60, max_turns=10)
+        assert [t.user for t in store.history(unique, 'c')] == ['one']
+        assert store._runner.client.ping() is True
+    finally:
+        store.close()

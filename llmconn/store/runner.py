@@ -106,13 +106,28 @@ class PooledRunner(RedisRunner):
             script.sha = self.client.script_load(script.script)
             return self._send(script.sha, keys, args)
 
-    def _send(self, sha: str, keys: tuple, args: tuple) -> Any:
+    def script_and_wait(self, name: str, keys: tuple, args: tuple, replicas: int, timeout_ms: int) -> tuple:
+        # EVALSHA and WAIT packed into one send on one pooled connection: redis-py's pipeline object
+        # cost more than the WAIT itself. NOSCRIPT: nothing ran (WAIT alone did), load and send both again.
+        script = self._scripts[name]
+        try:
+            return self._send(script.sha, keys, args, wait=(replicas, timeout_ms))
+        except NoScriptError:
+            script.sha = self.client.script_load(script.script)
+            return self._send(script.sha, keys, args, wait=(replicas, timeout_ms))
+
+    def _send(self, sha: str, keys: tuple, args: tuple, wait: tuple = ()) -> Any:
+        """EVALSHA (then ``WAIT *wait`` in the same send): its reply, or (reply, acks)."""
         pool = self.client.connection_pool
         for attempt in (1, 2):
             conn = pool.get_connection()
             try:
-                conn.send_command('EVALSHA', sha, len(keys), *keys, *args)
-                return conn.read_response()
+                if not wait:
+                    conn.send_command('EVALSHA', sha, len(keys), *keys, *args)
+                    return conn.read_response()
+                conn.send_packed_command(conn.pack_commands((('EVALSHA', sha, len(keys), *keys, *args),
+                                                             ('WAIT', *wait))))
+                return _two_replies(conn)
             except (RedisConnectionError, RedisTimeoutError):
                 conn.disconnect()
                 if attempt == 2:
@@ -125,6 +140,16 @@ class PooledRunner(RedisRunner):
             finally:
                 pool.release(conn)
         raise AssertionError('unreachable')
+
+
+def _two_replies(conn: Any) -> tuple:
+    """Both replies of a two-command send; an error reply of the first is raised once the second is read."""
+    try:
+        first = conn.read_response()
+    except ResponseError as exc:
+        conn.read_response()        # WAIT's reply: the connection stays in step
+        raise exc
+    return first, conn.read_response()
 
 
 class SentinelRunner(PooledRunner):
