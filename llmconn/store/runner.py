@@ -26,10 +26,13 @@ import threading
 from typing import Any, Callable, Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MovedError, NoScriptError, ResponseError
+from redis.exceptions import MovedError, NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmconn.store.lock import BLOCK_CAP
+
+# What the cluster's fast path gives up on, for redis-py's own path to handle.
+_REDIS_ERRORS = (RedisError, RedisClusterException)
 
 # A blocked waiter's socket outlasts its longest BLPOP by this much.
 BLOCKING_SOCKET_MARGIN = 5.0
@@ -193,7 +196,13 @@ class ClusterRunner:
 
     def script(self, name: str, keys: tuple, args: tuple) -> Any:
         client = self.client
-        return self._scripts[name](keys=keys, args=args, client=client)
+        script = self._scripts[name]
+        try:
+            return _on_slot_node(client, keys[0], ('EVALSHA', script.sha, len(keys), *keys, *args))[0]
+        except _REDIS_ERRORS:
+            # MOVED, ASK, NOSCRIPT, TRYAGAIN, CLUSTERDOWN, a dead node, a slot not covered:
+            # redis-py's own path handles each (every store script is safe to send twice).
+            return script(keys=keys, args=args, client=client)
 
     def scripts(self, name: str, calls: list) -> list:
         # A cluster pipeline refuses EVALSHA: one pipeline per node, on that node's own client.
@@ -221,6 +230,11 @@ class ClusterRunner:
         # save script is idempotent by token, so sending it twice stores it once).
         client = self.client
         script = self._scripts[name]
+        try:
+            return tuple(_on_slot_node(client, keys[0], ('EVALSHA', script.sha, len(keys), *keys, *args),
+                                       ('WAIT', replicas, timeout_ms)))
+        except _REDIS_ERRORS:
+            pass            # as in script(): redis-py's path below, on the node's own client
         for attempt in (1, 2):
             node = client.get_redis_connection(client.get_node_from_key(keys[0]))
             try:
@@ -238,6 +252,47 @@ class ClusterRunner:
         for client in (self._client, self._blocking):
             if client is not None:
                 client.close()
+
+
+def _on_slot_node(client: Any, key: str, *commands: tuple) -> list:
+    """Send ``commands`` in one write to the master of ``key``'s slot, on a connection of its pool.
+
+    The cluster's fast path: ``RedisCluster.execute_command`` spends more CPU
+    than the round trip on its generic routing (command parsing to find the
+    keys, per-try bookkeeping, metrics), where a chat's scripts name their
+    slot in their first key. The node and its pool are redis-py's own (the
+    slot table it keeps current, the node's ``Redis`` with its fork check,
+    health check, AUTH, TLS), so after a failover or a reshard this finds the
+    new master as soon as redis-py knows it. It retries nothing: any error
+    (an error reply such as MOVED, ASK or NOSCRIPT, a broken connection)
+    is raised for the caller to send again through redis-py's path, which
+    handles each. An error reply is raised only once every reply was read,
+    so the connection goes back to the pool in step.
+    """
+    node = client.get_node_from_key(key)
+    pool = (node.redis_connection or client.get_redis_connection(node)).connection_pool
+    conn = pool.get_connection()
+    try:
+        if len(commands) == 1:
+            conn.send_command(*commands[0])
+        else:
+            conn.send_packed_command(conn.pack_commands(commands))
+        replies, error = [], None
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except ResponseError as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+        return replies
+    except ResponseError:
+        raise
+    except BaseException:
+        conn.disconnect()       # broken, or a greenlet killed mid-read: never reuse half a reply
+        raise
+    finally:
+        pool.release(conn)
 
 
 def _pipelined(client: Any, script: Any, calls: list) -> list:
