@@ -161,6 +161,7 @@ def run(urls: dict, scale: float) -> list:
             rows += bench_handoff(conns[20], zato, provider)
             rows += bench_many_chats(conns[20], provider, scale)
             rows += bench_many_chats_cluster(conns[20], registries['cluster'][names[20]], scale)
+            rows += bench_tool_turn(conns[1], client, provider, scale)
         finally:
             for registry in (*registries.values(), durable):
                 registry.close()
@@ -424,6 +425,43 @@ def bench_many_chats(conn, provider, scale) -> list:
     ratio = chat_rate / raw_rate
     return [('500 concurrent distinct chats, throughput', f'{chat_rate:.0f}/s = {ratio:.2f} × raw requests',
              f'raw requests {raw_rate:.0f}/s', '≥ 0.8 ×', ratio >= 0.8)]
+
+
+def bench_tool_turn(conn, client, provider, scale) -> list:
+    """A two-round tool turn against the same two requests made plainly, plus the store's two trips.
+
+    The loop should add no Redis round trips and nothing per round worth measuring. A window of
+    one turn keeps both requests the same on every call.
+    """
+    n, rounds = int(200 * scale) or 10, 9
+
+    def noop() -> str:
+        """Does nothing."""
+        return 'ok'
+
+    tools = [noop]
+    for _ in range(20):
+        conn.chat('call noop {}', chat_id='tools', tools=tools)
+    provider.clear()
+    conn.chat('call noop {}', chat_id='tools', tools=tools)
+    bodies = [r['body'] for r in provider.requests()][-2:]
+    url, headers = conn.provider.url(), conn.provider.headers()
+
+    def requests(i):
+        for body in bodies:
+            conn.provider.parse_response(conn.transport.post(url, headers, body))
+
+    times = interleaved({'tool': lambda i: conn.chat('call noop {}', chat_id='tools', tools=tools),
+                         'requests': requests,
+                         'chat': lambda i: conn.chat(f'plain {i}', chat_id='plain'),
+                         'invoke': lambda i: conn.invoke(f'plain {i}')}, n, rounds)
+    # The store's two round trips as a chat call makes them: what chat() costs over invoke().
+    store = times['chat'] - times['invoke']
+    floor = times['requests'] + store
+    ratio = times['tool'] / floor
+    return [('two-round tool turn vs its two requests made plainly + the store\'s 2 round trips',
+             f'{times["tool"] * 1e6:.0f} µs = {ratio:.2f} ×',
+             f'requests {times["requests"] * 1e6:.0f} µs + store {store * 1e6:.0f} µs', '≤ 1.05 ×', ratio <= 1.05)]
 
 
 def print_table(rows, redis_url) -> None:

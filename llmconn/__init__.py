@@ -23,10 +23,11 @@ __version__ = '0.1.0'
 _LAZY = {
     'Registry': 'llmconn.registry',
     'Event': 'llmconn.types',
+    'Tool': 'llmconn.tools',
     **{name: 'llmconn.errors' for name in (
         'LLMConnError', 'ConfigError', 'InvalidInput', 'UnknownConnection', 'InactiveConnection', 'LLMError',
         'LLMTimeout', 'LLMRateLimited', 'LLMAuthError', 'ChatBusy', 'StoreError', 'LockLost', 'ServiceError',
-        'UnknownService')},
+        'UnknownService', 'ToolLoopLimit')},
 }
 
 __all__ = list(_LAZY)

@@ -1,43 +1,63 @@
 """One configured LLM connection: ``invoke``, ``chat``, ``stream``, ``ping`` and history.
 
-All three call styles run one pipeline, :meth:`Connection._events`, which
-yields normalized events; ``invoke`` and ``chat`` simply drain it. With a
-chat id the pipeline is::
+All three call styles run one pipeline, :meth:`Connection._pipeline`, which
+yields normalized events; ``invoke`` and ``chat`` simply drain it. It reads::
 
-    begin  (1 Redis round trip: take the chat's lock, read the window)
-    call   (the provider; the lock is renewed in the background meanwhile)
-    save   (1 Redis round trip: append the turn, trim, expire, release)
+    check   (arguments, tools: before any network call)
+    begin   (with a chat id, 1 Redis round trip: take the chat's lock, read the window)
+    (render -> call -> parse -> run tools)*   (the lock is renewed in the background meanwhile)
+    save    (1 Redis round trip: append the turn, trim, expire, release)
 
 Everything that can be checked is checked before ``begin``, so bad input
 never costs a network call, and a store outage is found before any token
-is spent. A turn is saved only after the provider's answer is complete,
-and before ``done`` is handed out; a failure, a broken stream or a caller
-that stops iterating early saves nothing and frees the lock at once.
+is spent. A turn is saved only after the model's final answer (or, with
+manual tools, its calls) is complete, and before ``done`` is handed out; a
+failure, a broken stream, a tool loop past ``max_tool_rounds`` or a caller
+that stops iterating early saves nothing and frees the lock at once. How
+each provider call of a turn is built from the window (a stateful API's
+chain included) is the provider's :meth:`~llmconn.providers.base.Provider.chain`.
 """
 
 from __future__ import annotations
 
-import json
 import time as mod_time
-from dataclasses import replace
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from llmconn import items as mod_items
+from llmconn import tools as mod_tools
 from llmconn import observe
 from llmconn.checks import MAX_CHAT_ID_CHARS, MAX_TEXT_CHARS, check_params, check_skill  # noqa: F401
 from llmconn.checks import check_chat_id as _check_chat_id
 from llmconn.checks import check_text as _check_text
 from llmconn.config import ConnectionConfig
-from llmconn.errors import InactiveConnection, InvalidInput, LLMError
+from llmconn.errors import InactiveConnection, InvalidInput, LLMError, ToolLoopLimit
 from llmconn.lifetime import Counted, InFlight
 from llmconn.providers import PROVIDERS
-from llmconn.providers.base import STREAM, SYSTEM
+from llmconn.providers.base import STREAM, SYSTEM, TOOLS
 from llmconn.skills import SkillCache
 from llmconn.text import clean
 from llmconn.transport import Transport
-from llmconn.types import Event, Request, Turn
+from llmconn.tool_loop import TurnLoop, check_outputs, check_pending, public_call
+from llmconn.types import Event, Reply, Request, Turn
 from llmconn.usage import NO_LEDGER
 
 PING_TEXT = 'ping'              # what ping() asks a server that has no model list
+
+
+@dataclass
+class _Call:
+    """One call's checked arguments."""
+
+    text: str
+    chat_id: str
+    system: str
+    params: dict
+    stream: bool
+    tools: tuple = ()
+    hosted: tuple = ()
+    outputs: dict | None = None     # tool_outputs= completing a pending turn
+    by_name: dict = field(default_factory=dict)
 
 
 class Connection:
@@ -63,20 +83,26 @@ class Connection:
 
     # -- public API ------------------------------------------------------------------------------
 
-    def invoke(self, text: str, skill: str = '', **params: Any) -> dict:
+    def invoke(self, text: str, skill: str = '', tools: Any = None, **params: Any) -> dict:
         """One-shot call: no history is read, written or locked."""
-        return self._drain(self._events(text, '', skill, params, stream=False))
+        return self._drain(self._events(text, '', skill, params, False, tools, None))
 
-    def chat(self, text: str, chat_id: str = '', skill: str = '', **params: Any) -> dict:
-        """A call that continues the conversation ``chat_id``; without one it is exactly ``invoke``."""
-        return self._drain(self._events(text, chat_id, skill, params, stream=False))
+    def chat(self, text: str = '', chat_id: str = '', skill: str = '', tools: Any = None,
+             tool_outputs: dict | None = None, **params: Any) -> dict:
+        """A call that continues the conversation ``chat_id``; without one it is exactly ``invoke``.
 
-    def stream(self, text: str, chat_id: str = '', skill: str = '', **params: Any) -> Iterator[Event]:
-        """Like ``chat``, but yields ``thinking`` / ``text`` deltas and one final ``done``."""
+        ``tool_outputs={call_id: output}`` (and no text) answers a turn left pending by manual tools.
+        """
+        return self._drain(self._events(text, chat_id, skill, params, False, tools, tool_outputs))
+
+    def stream(self, text: str = '', chat_id: str = '', skill: str = '', tools: Any = None,
+               tool_outputs: dict | None = None, **params: Any) -> Iterator[Event]:
+        """Like ``chat``, but yields ``thinking`` / ``text`` deltas, ``tool_call`` / ``tool_result``
+        events and one final ``done``."""
         if STREAM not in self.provider.capabilities:
             raise InvalidInput(f'{self.name}: provider {self.conf.provider} does not support the capability '
                                f'"{STREAM}"; use chat() instead')
-        return self._events(text, chat_id, skill, params, stream=True)
+        return self._events(text, chat_id, skill, params, True, tools, tool_outputs)
 
     def ping(self) -> bool:
         """True when the provider answers; raises LLMError otherwise.
@@ -97,7 +123,7 @@ class Connection:
         except LLMError as e:
             if e.status not in (404, 405):
                 raise
-        self._drain(self._call(Request(PING_TEXT)))
+        self._drain(self._pipeline(_Call(PING_TEXT, '', '', {}, False), NO_LEDGER.call(self.name, self.conf.model)))
         return True
 
     def history(self, chat_id: str) -> list[dict]:
@@ -109,7 +135,11 @@ class Connection:
         for turn in turns:
             # clean(): a turn stored before text was cleaned may hold a lone surrogate.
             messages.append({'role': 'user', 'content': clean(turn.user)})
-            messages.append({'role': 'assistant', 'content': clean(turn.assistant)})
+            said = {'role': 'assistant', 'content': clean(turn.assistant)}
+            calls = mod_items.tool_calls(turn.steps()) if turn.items else []
+            if calls:
+                said['tool_calls'] = calls
+            messages.append(said)
         return messages
 
     def delete_history(self, chat_id: str) -> None:
@@ -131,90 +161,116 @@ class Connection:
 
     # -- the pipeline ----------------------------------------------------------------------------
 
-    def _events(self, text: str, chat_id: str, skill: str, params: dict, stream: bool) -> Iterator[Event]:
+    def _events(self, text: str, chat_id: str, skill: str, params: dict, stream: bool, tools: Any,
+                outputs: Any) -> Iterator[Event]:
         """Check everything now (so bad input fails at the call), then return the lazy pipeline."""
         self._check_active()
-        _check_text(text)
-        _check_chat_id(chat_id, required=False)
+        _check_chat_id(chat_id, required=outputs is not None)
+        if outputs is None:
+            _check_text(text)
+        else:
+            check_outputs(text, outputs)
         check_params(params, self.provider.reserved_params)
+        call = _Call(text, chat_id, self._system(skill), params, stream, outputs=outputs)
+        self._check_tools(call, tools)
         tally = self.usage.call(self.name, self.conf.model)
-        return Counted(observe.call(self.name, tally.track(self._pipeline(text, chat_id, self._system(skill), params,
-                                                                          stream, tally))),
-                       self.calls)
+        return Counted(observe.call(self.name, tally.track(self._pipeline(call, tally))), self.calls)
 
-    def _pipeline(self, text: str, chat_id: str, system: str, params: dict, stream: bool,
-                  tally) -> Iterator[Event]:
-        if not chat_id:
-            yield from self._call(Request(text, system, (), params, stream))
+    def _pipeline(self, call: _Call, tally) -> Iterator[Event]:
+        if not call.chat_id:
+            turn = yield from self._turn(call, [], None)
+            yield Event('done', result=turn.result)
             return
         conf = self.conf
         # The lock is released on every way out; if that release fails while another error is
         # already on its way out, the store logs it rather than hide the first error.
-        with self.store.begin(self.name, chat_id, window=conf.max_history_turns - 1,
+        with self.store.begin(self.name, call.chat_id, window=conf.max_history_turns - 1,
                               lock_ttl=conf.lock_ttl, lock_wait=conf.lock_wait) as lock:
-            request, chain = self._chat_request(lock.turns, text, system, params, stream)
-            done = None
-            for event, chain in self._call_reseeding(request, lock.turns, chain):
-                if event.type == 'done':
-                    done = event
-                else:
-                    yield event
-            if done is None:
-                raise LLMError(f'{self.name}: the provider\'s answer ended without a result', connection=self.name)
-            reply = done.reply
-            keep_id = conf.state == 'provider'
-            lock.save(Turn(user=text, assistant=reply.text, items=reply.items,
-                           tag=self.provider.tag if reply.items else '',
-                           response_id=reply.response_id if keep_id else '', chain=chain if keep_id else 0,
-                           ts=mod_time.time(), meta=reply.meta),
-                      expiry=conf.chat_expiry, max_turns=conf.max_stored_turns,
-                      counters=tally.save_entry(self.name, chat_id, done.result))
+            window = list(lock.turns)
+            pending = window.pop() if window and window[-1].pending else None
+            check_pending(pending, call)
+            turn = yield from self._turn(call, window, pending)
+            result = turn.result
+            lock.save(Turn(user=pending.user if pending else call.text, assistant=turn.text,
+                           items=turn.stored_items(), tag=self.provider.tag if turn.stored_items() else '',
+                           state=turn.state, ts=mod_time.time(), meta=turn.last.meta),
+                      expiry=conf.chat_expiry, max_turns=conf.max_stored_turns, replace_last=pending is not None,
+                      counters=tally.save_entry(self.name, call.chat_id, result))
             tally.saved()
-            yield done
+            yield Event('done', result=result)
 
-    def _chat_request(self, window: list, text: str, system: str, params: dict, stream: bool):
-        """The request for a chat call, and the provider-side chain length it makes (stateful mode)."""
-        last = window[-1] if window else None
-        if (self.conf.state == 'provider' and last is not None and last.response_id
-                and last.chain + 1 <= self.conf.max_history_turns):
-            return Request(text, system, (), params, stream, previous_response_id=last.response_id), last.chain + 1
-        return Request(text, system, tuple(window), params, stream), len(window) + 1
+    def _turn(self, call: _Call, window: list[Turn], pending: Turn | None) -> Iterator[Event]:
+        """The tool loop: call, parse, run the tools the model asked for, until it answers."""
+        chain = self.provider.chain(window)
+        base = Request(pending.user if pending else call.text, call.system, (), call.params, call.stream,
+                       tools=call.tools, hosted=call.hosted, tag=self.provider.tag)
+        loop = TurnLoop(pending, call.outputs, self.provider.tag)
+        while True:
+            if loop.rounds >= self.conf.max_tool_rounds:
+                raise ToolLoopLimit(f'{self.name}: the model still asked for tools after {loop.rounds} provider '
+                                    f'calls (max_tool_rounds); nothing was saved. Raise max_tool_rounds or '
+                                    f'check what the tools answer')
+            reply = yield from self._round(chain, chain.request(base, loop.items, loop.last), call.stream)
+            loop.add(reply, chain.state(reply))
+            for item in reply.calls:
+                if call.stream:
+                    yield Event('tool_call', call=public_call(item))
+            if not reply.calls:
+                return loop
+            if loop.rounds >= self.conf.max_tool_rounds:
+                continue        # raises above, before any tool runs for nothing
+            yield from self._run_tools(call, loop, reply.calls)
+            if loop.waiting:
+                return loop
 
-    def _call_reseeding(self, request: Request, window: list, chain: int) -> Iterator[tuple[Event, int]]:
-        """Call the provider, yielding each event with the provider-side chain length it makes.
+    def _run_tools(self, call: _Call, loop: TurnLoop, calls: list[dict]) -> Iterator[Event]:
+        for item in calls:
+            tool = call.by_name.get(item['name'])
+            if tool is not None and tool.function is None:
+                loop.waiting = True     # a manual tool: the caller gives its output later
+                continue
+            output, is_error = mod_tools.run(tool, item['name'], item['arguments'])
+            loop.items.append(mod_items.output(item['call_id'], output, is_error))
+            if call.stream:
+                yield Event('tool_result', call=dict(public_call(item), output=output, is_error=is_error))
 
-        If the provider forgot the chain we continue, a new one starts from local history. The
-        state may also be ids a template endpoint's reply kept (``Turn.meta``): dropped the same way.
-        """
+    def _round(self, chain, request: Request, stream: bool) -> Iterator[Event]:
+        """One provider call; a chain that fails in a way it can recover from is retried once,
+        if nothing of the failed answer was handed on yet."""
+        started = False
         events = self._call(request)
-        state_ids = [request.previous_response_id] if request.previous_response_id else _kept_ids(request.history)
-        if state_ids:
-            try:
-                first = next(events)
-            except LLMError as e:
-                if not any(_forgot_previous(e, state_id) for state_id in state_ids):
-                    raise
-                # The local window is the truth; the provider's copy of the chain is gone, and with it
-                # the stored items our turns' reasoning refers to, so those turns go back as plain text.
-                plain = tuple(replace(turn, items=(), meta={}) for turn in window)
-                events = self._call(Request(request.text, request.system, plain, request.params, request.stream))
-                chain = len(window) + 1
-            else:
-                yield first, chain
-        for event in events:
-            yield event, chain
+        try:
+            while True:
+                event = next(events)
+                started = True
+                yield event
+        except StopIteration as stop:
+            return stop.value
+        except LLMError as e:
+            # Only an answer that failed before any of it reached the caller can be asked again.
+            retry = None if started else chain.recover(e, request)
+            if retry is None:
+                raise
+        return (yield from self._call(retry))
 
     def _call(self, request: Request) -> Iterator[Event]:
         body = self.provider.build_request(request)
-        if request.stream:
-            yield from self.provider.read_stream(
-                self.transport.post_stream(self.provider.url(stream=True), self._headers, body))
-        elif self.provider.raw_answers:
-            yield self.provider.done(self.provider.parse_response(
-                self.transport.exchange(self.provider.http_method, self.provider.url(), self._headers, body)))
-        else:
-            yield self.provider.done(self.provider.parse_response(
-                self.transport.post(self.provider.url(stream=False), self._headers, body)))
+        if not request.stream:
+            if self.provider.raw_answers:
+                answer = self.transport.exchange(self.provider.http_method, self.provider.url(), self._headers, body)
+            else:
+                answer = self.transport.post(self.provider.url(stream=False), self._headers, body)
+            return self.provider.done(self.provider.parse_response(answer))
+        reply = None
+        for event in self.provider.read_stream(
+                self.transport.post_stream(self.provider.url(stream=True), self._headers, body)):
+            if isinstance(event, Reply):
+                reply = event
+            else:
+                yield event
+        if reply is None:
+            raise LLMError(f'{self.name}: the provider\'s answer ended without a result', connection=self.name)
+        return reply
 
     # -- checks ----------------------------------------------------------------------------------
 
@@ -232,6 +288,19 @@ class Connection:
                                f'"{SYSTEM}" that skills need')
         return self.skills.get(skill).instructions
 
+    def _check_tools(self, call: _Call, tools: Any) -> None:
+        if tools is None:
+            return
+        if TOOLS not in self.provider.capabilities:
+            raise InvalidInput(f'{self.name}: provider {self.conf.provider} does not support the capability '
+                               f'"{TOOLS}"; call it without tools=')
+        if not isinstance(tools, (list, tuple)):
+            raise InvalidInput('tools must be a list of callables or llmconn.Tool objects, e.g. tools=[get_order]')
+        hosted = [t for t in tools if isinstance(t, dict)]
+        call.hosted = mod_tools.check_hosted(hosted, self.conf.hosted_tools)
+        call.tools = mod_tools.prepare([t for t in tools if not isinstance(t, dict)])
+        call.by_name = {t.name: t for t in call.tools}
+
     @staticmethod
     def _drain(events: Iterator[Event]) -> dict:
         result = None
@@ -239,48 +308,3 @@ class Connection:
             if event.type == 'done':
                 result = event.result
         return result
-
-
-def _forgot_previous(error: LLMError, previous_id: str = '') -> bool:
-    """The provider no longer knows the response we continue from (expired, deleted, restarted).
-
-    OpenAI says so with ``code: previous_response_not_found``; gateways rewrap
-    it (LiteLLM: HTTP 400, ``"code": "400"``, ``"param": null``, the original
-    message, sometimes the original JSON quoted inside it; LM Studio: "history
-    node with id ... not found"). So the whole error is read as text: the code
-    anywhere in it, or "not found" together with "previous response" or the id
-    we sent. Getting it wrong the other way costs more: a chat that resends a
-    dead id fails for good, while a needless re-seed only resends local history.
-    """
-    body = error.provider_body
-    text = ' '.join((str(error), body if isinstance(body, str) else _json_text(body)))
-    lower = text.lower()
-    if 'previous_response_not_found' in lower:
-        return True
-    if 'not found' not in lower:
-        return False
-    return ('previous response' in lower or 'previous_response_id' in lower
-            or bool(previous_id) and previous_id in text)
-
-
-def _kept_ids(history: tuple) -> list[str]:
-    """The ids the window's replies kept for the provider (``['']`` when they kept only other values)."""
-    kept = [value for turn in history for value in turn.meta.values()]
-    return [value for value in kept if isinstance(value, str) and value] or ([''] if kept else [])
-
-
-def _json_text(value: Any) -> str:
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return str(value)
-    # An HTTP error nests it under "error"; a stream's error event carries it at the top.
-    for detail in (body.get('error'), body):
-        if not isinstance(detail, dict):
-            continue
-        if detail.get('code') == 'previous_response_not_found':
-            return True
-        # Some servers answer with a generic code but name the parameter.
-        if detail.get('param') == 'previous_response_id' and 'not found' in str(detail.get('message', '')).lower():
-            return True
-    return False

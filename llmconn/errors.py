@@ -89,6 +89,10 @@ class ServiceError(LLMConnError):
         self.status = status
 
 
+class ToolLoopLimit(LLMConnError):
+    """The model kept asking for tools past ``max_tool_rounds`` provider calls; nothing was saved."""
+
+
 class GatewayError(LLMConnError):
     """A gateway request refused with an OpenAI-shaped error: ``status``, ``type``, ``param``, ``code``."""
 

@@ -5,6 +5,9 @@ them: JSON is decoded from its bytes (UTF-8 unless a charset says
 otherwise, whatever the content type claims); server-sent events may end
 their lines with LF, CRLF or CR, start with a byte order mark, and end
 without a final blank line.
+
+A stream request's answer is typed: :class:`EventStream` or, from a server
+that ignored ``stream``, :class:`JSONBody`.
 """
 
 from __future__ import annotations
@@ -13,9 +16,35 @@ import codecs
 import itertools
 import json
 import re
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, NamedTuple
 
-from llmconn.providers.base import SSE
+
+
+class SSE(tuple):
+    """One server-sent event as ``(event, data)``; ``event`` is '' when the stream names none."""
+
+    __slots__ = ()
+
+    @property
+    def event(self) -> str:
+        return self[0]
+
+    @property
+    def data(self) -> str:
+        return self[1]
+
+
+class JSONBody(NamedTuple):
+    """A stream request answered with one plain JSON body (the server ignored ``stream``)."""
+
+    body: Any
+
+
+class EventStream(NamedTuple):
+    """A stream request answered with server-sent events, read as they arrive."""
+
+    events: Iterator[SSE]
+
 
 _line_end = re.compile(rb'\r\n|\r|\n')
 _charset = re.compile(r'charset\s*=\s*"?([\w.:-]+)', re.IGNORECASE)

@@ -23,7 +23,8 @@ past them.
 
 Bodies are read by :mod:`llmconn.sse`. A stream request answered with one
 plain JSON body (a server that ignores ``stream``, or Gemini's JSON array
-when ``alt=sse`` is not honoured) is handed on as :data:`JSON_BODY` events.
+when ``alt=sse`` is not honoured) comes back as a :class:`~llmconn.sse.JSONBody`,
+an event stream as an :class:`~llmconn.sse.EventStream`.
 """
 
 from __future__ import annotations
@@ -41,9 +42,8 @@ from llmconn import observe
 from llmconn.answers import parse_retry_after, provider_message
 from llmconn.deadline import Deadline, WatchedAdapter
 from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
-from llmconn.providers.base import JSON_BODY, SSE
 from llmconn.redact import scrub
-from llmconn.sse import decode_json, iter_sse, sniff
+from llmconn.sse import SSE, EventStream, JSONBody, decode_json, iter_sse, sniff
 from llmconn.text import clean_value
 from llmconn.types import HTTPAnswer
 
@@ -100,8 +100,11 @@ class Transport:
         return HTTPAnswer(response.status_code, {k.lower(): v for k, v in response.headers.items()},
                           _text(response.content))
 
-    def post_stream(self, url: str, headers: dict, body: dict) -> Iterator[SSE]:
-        """POST ``body`` and yield the server-sent events of the answer as they arrive."""
+    def post_stream(self, url: str, headers: dict, body: dict) -> JSONBody | EventStream:
+        """POST ``body``; the answer is read up to its first byte to tell an event stream from JSON.
+
+        An event stream's events are read as they arrive, under the stream's deadlines.
+        """
         deadline = Deadline.after(min(self.timeout[1], self.stream_timeout))
         end = mod_time.monotonic() + self.stream_timeout
         try:
@@ -109,10 +112,29 @@ class Transport:
             try:
                 first, chunks = sniff(response.iter_content(chunk_size=None))
                 if first in (b'{', b'['):
-                    events = self._json_events(response, b''.join(chunks))
-                else:
-                    events = iter_sse(chunks)
-                for event in events:
+                    answer = JSONBody(self._json_body(response, b''.join(chunks)))
+                    self._raise_if_expired(deadline, stream=True)
+                    response.close()
+                    deadline.cancel()
+                    return answer
+            except (requests.RequestException, LLMError) as e:
+                response.close()
+                self._raise_if_expired(deadline, stream=True)
+                if isinstance(e, LLMError):
+                    raise
+                raise self._broken(e) from None
+            except BaseException:
+                response.close()
+                raise
+        except BaseException:
+            deadline.cancel()
+            raise
+        return EventStream(self._events(response, chunks, deadline, end))
+
+    def _events(self, response, chunks, deadline: Deadline, end: float) -> Iterator[SSE]:
+        try:
+            try:
+                for event in iter_sse(chunks):
                     deadline.move(end)           # the caller's time between events is not the provider's
                     yield event
                     deadline.move(min(end, mod_time.monotonic() + self.timeout[1]))
@@ -120,13 +142,15 @@ class Transport:
                 self._raise_if_expired(deadline, stream=True)
                 if isinstance(e, LLMError):
                     raise
-                raise self._error(f'the stream broke before it was complete ({type(e).__name__}); '
-                                  f'try again') from None
+                raise self._broken(e) from None
             finally:
                 response.close()
             self._raise_if_expired(deadline, stream=True)
         finally:
             deadline.cancel()
+
+    def _broken(self, e: Exception) -> LLMError:
+        return self._error(f'the stream broke before it was complete ({type(e).__name__}); try again')
 
     def close(self) -> None:
         self.session.close()
@@ -264,16 +288,14 @@ class Transport:
                               'at the provider API', status=response.status_code,
                               body=self._redact(_text(response.content[:2000]))) from None
 
-    def _json_events(self, response, raw: bytes) -> Iterator[SSE]:
-        """A stream request answered with plain JSON: each object (or array element) is one event."""
+    def _json_body(self, response, raw: bytes) -> Any:
+        """A stream request answered with plain JSON (an object, or Gemini's array of chunks)."""
         try:
-            body = decode_json(raw, response.headers.get('content-type', ''))
+            return decode_json(raw, response.headers.get('content-type', ''))
         except ValueError:
             raise self._error('the provider answered the stream request with a body that is neither '
                               'server-sent events nor JSON; check "address" points at the provider API',
                               status=response.status_code, body=self._redact(_text(raw[:2000]))) from None
-        for item in body if isinstance(body, list) else [body]:
-            yield SSE((JSON_BODY, json.dumps(item, ensure_ascii=False)))
 
     def _status_error(self, response) -> LLMError:
         status = response.status_code

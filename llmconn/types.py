@@ -1,9 +1,11 @@
 """The plain values that flow between connections, providers and the chat store.
 
-A :class:`Turn` is what the store keeps: one user message, the reply, and any
-opaque provider items (Claude thinking blocks, Responses reasoning items)
-tagged with the provider, model and mode that produced them. A provider
-receives a :class:`Request`, answers with :class:`Event` objects while
+A :class:`Turn` is what the store keeps: the user's message and the ordered
+canonical items (:mod:`llmconn.items`) of everything that happened until the
+final answer - tool calls and outputs, reasoning, hosted-tool items - tagged
+with the provider, model and mode whose natives they carry. ``state`` is the
+provider's own bookkeeping for stateful APIs, opaque to everything else. A
+provider receives a :class:`Request`, answers with :class:`Event` deltas while
 streaming and one :class:`Reply` at the end.
 """
 
@@ -12,42 +14,52 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from llmconn import items as mod_items
+
 
 @dataclass(frozen=True)
 class Turn:
-    """One complete exchange, saved whole or not at all."""
+    """One complete exchange (or one waiting for manual tool outputs), saved whole or not at all."""
 
     user: str
     assistant: str
-    # Provider items replayed verbatim, but only to the provider/model/mode in ``tag``.
+    # Canonical items after the user message; natives in them go back only to ``tag``.
+    # Turns stored before items existed hold bare natives here; :meth:`steps` reads both.
     items: tuple = ()
     tag: str = ''
-    # Responses API, state=provider: the reply's id and the length of the
-    # provider-side chain that ends with this turn.
-    response_id: str = ''
-    chain: int = 0
+    state: Mapping = field(default_factory=dict)    # a stateful provider's bookkeeping
     ts: float = 0.0
     # Fields the provider attached to the reply to be handed back with this turn (template
     # endpoints: a thread or session id); JSON values, windowed with the turn.
     meta: Mapping = field(default_factory=dict)
+
+    def steps(self) -> list[dict]:
+        """The canonical items, ending with the final text unless calls are pending."""
+        return mod_items.canonical(self.items, self.assistant)
+
+    @property
+    def pending(self) -> list[dict]:
+        """Calls waiting for outputs given by the caller (manual tools)."""
+        return mod_items.pending_calls(self.steps()) if self.items else []
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {'u': self.user, 'a': self.assistant, 'ts': self.ts}
         if self.items:
             d['i'] = list(self.items)
             d['t'] = self.tag
-        if self.response_id:
-            d['r'] = self.response_id
-            d['c'] = self.chain
+        if self.state:
+            d['p'] = dict(self.state)
         if self.meta:
             d['m'] = dict(self.meta)
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> 'Turn':
+        state = d.get('p') or {}
+        if d.get('r'):      # stored before provider state had its own key (Responses chains)
+            state = {'response_id': d['r'], 'chain': d.get('c', 0)}
         return cls(user=d['u'], assistant=d['a'], items=tuple(d.get('i', ())), tag=d.get('t', ''),
-                   response_id=d.get('r', ''), chain=d.get('c', 0), ts=d.get('ts', 0.0),
-                   meta=d.get('m') or {})
+                   state=state, ts=d.get('ts', 0.0), meta=d.get('m') or {})
 
 
 @dataclass(frozen=True)
@@ -59,7 +71,11 @@ class Request:
     history: tuple = ()                 # Turns, oldest first, already cut to the window
     params: Mapping = field(default_factory=dict)
     stream: bool = False
-    previous_response_id: str = ''     # Responses API, state=provider
+    items: tuple = ()                   # this turn's items so far (earlier rounds of a tool loop)
+    tools: tuple = ()                   # llmconn.tools.Tool definitions offered to the model
+    hosted: tuple = ()                  # provider-native hosted tool definitions
+    chain: Mapping = field(default_factory=dict)    # a stateful provider's per-call state
+    tag: str = ''                       # the tag of ``items``' natives (always this provider's)
 
 
 @dataclass(frozen=True)
@@ -71,10 +87,15 @@ class Reply:
     output_tokens: int = 0
     raw: Any = None
     thinking: str = ''
-    items: tuple = ()                   # opaque items to store with the turn
+    items: tuple = ()                   # opaque natives (thinking, reasoning) the answer carried
     response_id: str = ''
     model: str = ''
     meta: Mapping = field(default_factory=dict)     # stored with the turn, see Turn.meta
+    steps: tuple = ()                   # the answer as canonical items, in order
+
+    @property
+    def calls(self) -> list[dict]:
+        return mod_items.calls(self.steps)
 
     def as_result(self) -> dict:
         """The plain dict ``invoke``, ``chat`` and the ``done`` event return."""
@@ -103,14 +124,21 @@ class HTTPAnswer:
 
 @dataclass(frozen=True)
 class Event:
-    """One streamed event: ``thinking`` and ``text`` carry a delta, ``done`` the result."""
+    """One streamed event.
+
+    ``thinking`` and ``text`` carry a delta in ``.text``; ``tool_call`` and
+    ``tool_result`` a call in ``.call`` (``call_id``, ``name``, ``arguments``,
+    and on ``tool_result`` its ``output`` and ``is_error``); ``done`` the result.
+    """
 
     type: str
     text: str = ''
     result: dict | None = None
-    reply: Reply | None = None          # set on ``done`` for internal use
+    call: dict | None = None
 
     def __repr__(self) -> str:
         if self.type == 'done':
             return 'Event(type=done)'
+        if self.call is not None:
+            return f'Event(type={self.type}, call={self.call.get("name")!r})'
         return f'Event(type={self.type}, text={self.text!r})'

@@ -238,7 +238,7 @@ def test_the_embedded_store_keeps_its_own_client():
 def test_a_backend_that_cannot_stream_answers_whole_as_a_stream():
     from llmconn.gateway import backend
     from llmconn.gateway.items import Conversation
-    from llmconn.types import Event, Reply
+    from llmconn.types import Reply
 
     class Whole:
         capabilities = frozenset({'system'})
@@ -258,7 +258,7 @@ def test_a_backend_that_cannot_stream_answers_whole_as_a_stream():
             return Reply(text='the answer', thinking='hm', input_tokens=1, output_tokens=2)
 
         def done(self, reply):
-            return Event('done', result=reply.as_result(), reply=reply)
+            return reply
 
     class Transport:
         def post(self, url, headers, body):

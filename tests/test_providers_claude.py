@@ -9,7 +9,7 @@ from anthropic.types import (Message, MessageParam, RawContentBlockDeltaEvent, R
 from anthropic.types.message_create_params import MessageCreateParamsNonStreaming, MessageCreateParamsStreaming
 
 from llmconn.errors import ConfigError, InvalidInput, LLMError
-from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING
+from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, TOOLS
 from llmconn.types import Request, Turn
 
 from provider_helpers import SECRET, assert_valid, make_provider, run_stream, same_answer, sse
@@ -52,7 +52,7 @@ def test_urls_headers_and_capabilities():
     assert provider.ping_url() == 'http://127.0.0.1:9/v1/models'
     assert provider.headers() == {'content-type': 'application/json', 'anthropic-version': '2023-06-01',
                                   'x-api-key': SECRET}
-    assert provider.capabilities == {STREAM, SYSTEM, THINKING, REASONING_REPLAY}
+    assert provider.capabilities == {STREAM, SYSTEM, THINKING, REASONING_REPLAY, TOOLS}
     assert claude().conf.address == 'https://api.anthropic.com'
 
 
@@ -216,7 +216,7 @@ def test_stream_cut_before_the_model_finished_raises():
 
 def test_stream_with_stop_reason_but_no_message_stop_is_complete():
     events = stream_events(block(0, {'type': 'text', 'text': ''}, {'type': 'text_delta', 'text': 'Ann'}))[:-1]
-    result = list(claude().parse_stream(iter(events)))[-1].result
+    result = list(claude().parse_stream(iter(events)))[-1].as_result()
     assert result['text'] == 'Ann' and result['usage']['output_tokens'] == 7
 
 

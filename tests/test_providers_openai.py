@@ -8,7 +8,7 @@ from openai.types.chat.completion_create_params import (CompletionCreateParamsNo
                                                         CompletionCreateParamsStreaming)
 
 from llmconn.errors import ConfigError, InvalidInput, LLMError
-from llmconn.providers.base import SSE, STREAM, SYSTEM
+from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS
 from llmconn.types import Request, Turn
 
 from provider_helpers import SECRET, assert_valid, make_provider, run_stream, same_answer, sse
@@ -59,7 +59,7 @@ def test_urls_headers_and_capabilities():
     assert provider.url() == provider.url(stream=True) == 'http://127.0.0.1:9/v1/chat/completions'
     assert provider.ping_url() == 'http://127.0.0.1:9/v1/models'
     assert provider.headers() == {'content-type': 'application/json', 'authorization': f'Bearer {SECRET}'}
-    assert provider.capabilities == {STREAM, SYSTEM}
+    assert provider.capabilities == {STREAM, SYSTEM, TOOLS}
     assert openai().conf.address == 'https://api.openai.com/v1'
 
 
@@ -166,7 +166,7 @@ def test_stream_cut_before_the_model_finished_raises():
 def test_stream_that_finished_but_omits_done_marker_is_complete():
     # The official SDK accepts this too: finish_reason (and here usage) already arrived.
     events = list(openai().parse_stream(iter(stream({'content': 'Hello'}, done=False))))
-    assert events[-1].result['text'] == 'Hello' and events[-1].result['usage']['output_tokens'] == 3
+    assert events[-1].as_result()['text'] == 'Hello' and events[-1].as_result()['usage']['output_tokens'] == 3
 
 
 def test_stream_error_chunk_raises_with_the_provider_body():

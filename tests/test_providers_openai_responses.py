@@ -9,7 +9,7 @@ from openai.types.responses.response_create_params import (ResponseCreateParamsN
 from pydantic import TypeAdapter
 
 from llmconn.errors import ConfigError, InvalidInput, LLMError
-from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM
+from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, TOOLS
 from llmconn.types import Request, Turn
 
 from provider_helpers import SECRET, assert_valid, make_provider, run_stream, same_answer, sse
@@ -51,7 +51,7 @@ def test_urls_headers_capabilities_and_mode():
     assert provider.url() == provider.url(stream=True) == 'http://127.0.0.1:9/v1/responses'
     assert provider.ping_url() == 'http://127.0.0.1:9/v1/models'
     assert provider.headers() == {'content-type': 'application/json', 'authorization': f'Bearer {SECRET}'}
-    assert provider.capabilities == {STREAM, SYSTEM, REASONING_REPLAY, STATEFUL}
+    assert provider.capabilities == {STREAM, SYSTEM, REASONING_REPLAY, STATEFUL, TOOLS}
     assert provider.mode == 'local' and responses(state='provider').mode == 'provider'
     assert provider.tag == 'openai-responses/gpt-5-mini/local'
 
@@ -99,9 +99,10 @@ def test_params_merged_last_and_reserved_keys_refused():
 
 
 def test_provider_state_sends_only_the_new_input_after_previous_response():
-    history = (Turn('my name is Ann', 'Hello Ann', response_id='resp_0', chain=1),)
-    body = responses(state='provider').build_request(
-        Request(text='what is my name?', system='Be brief.', history=history, previous_response_id='resp_0'))
+    history = (Turn('my name is Ann', 'Hello Ann', state={'response_id': 'resp_0', 'chain': 1}),)
+    provider = responses(state='provider')
+    request = provider.chain(list(history)).request(Request(text='what is my name?', system='Be brief.'), [], None)
+    body = provider.build_request(request)
     assert body['store'] is True and body['previous_response_id'] == 'resp_0'
     assert body['instructions'] == 'Be brief.'
     assert body['input'] == [{'role': 'user', 'content': 'what is my name?'}]

@@ -268,7 +268,7 @@ def test_the_stored_turn_keeps_extras_under_a_short_key_and_only_when_there_are_
 def test_a_lone_surrogate_the_endpoint_escapes_never_reaches_the_store():
     provider = template(response_template='{% set r = body | fromjson %}{"choices": [{"message": '
                                           '{"content": {{ r.text | tojson }}, "id": {{ r.text | tojson }}}}]}')
-    reply = provider.done(provider.parse_response(answer('{"text": "a\\ud800b"}'))).reply
+    reply = provider.done(provider.parse_response(answer('{"text": "a\\ud800b"}')))
     assert reply.text == 'a\ufffdb' and reply.meta == {'id': 'a\ufffdb'}
 
 

@@ -110,7 +110,7 @@ def test_a_thinking_block_altered_in_the_store_is_refused_by_the_provider(make, 
     conn.chat('think: secret', chat_id='alt')
     key = chat_keys(conn.name, 'alt').turns
     turn = json.loads(redis_client.lindex(key, 0))
-    turn['i'][0]['thinking'] += ' (edited)'
+    turn['i'][0]['native']['thinking'] += ' (edited)'
     redis_client.lset(key, 0, json.dumps(turn))
     with pytest.raises(LLMError) as info:
         conn.chat('next', chat_id='alt')

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from llmconn import ConfigError, LLMError, Registry
-from llmconn.connection import _forgot_previous
+from llmconn.providers.openai_responses import forgot_previous as _forgot_previous
 
 MODEL = 'gpt-5-mini'
 REASONING = {'reasoning': {'effort': 'low', 'summary': 'auto'}}

@@ -75,7 +75,7 @@ def test_unknown_chat_starts_empty(store, unique):
 
 def test_turn_round_trips_whole(store, unique):
     full = Turn(user='q', assistant='a', items=({'type': 'thinking', 'thinking': 'hm', 'signature': 's'},),
-                tag='claude:m:thinking', response_id='resp_1', chain=3, ts=12.5)
+                tag='claude:m:thinking', state={'response_id': 'resp_1', 'chain': 3}, ts=12.5)
     with store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL) as lock:
         lock.save(full, expiry=60, max_turns=10)
     assert store.history(unique, 'c') == [full]

@@ -17,6 +17,8 @@ import openai.types.chat
 import openai.types.responses
 import pytest
 
+from llmconn.sse import EventStream
+
 from llmconn import InvalidInput, LLMError
 from llmconn.providers.base import STREAM, SYSTEM
 from llmconn.store.keys import chat_keys
@@ -228,12 +230,19 @@ def watch_provider_streams(conn) -> list:
     seen = []
     post_stream = conn.transport.post_stream
 
-    def watched(*args, **kwargs):
-        seen.append('opened')
+    def events(answer):
         try:
-            yield from post_stream(*args, **kwargs)
+            yield from answer.events
         finally:
             seen.append('closed')
+
+    def watched(*args, **kwargs):
+        seen.append('opened')
+        answer = post_stream(*args, **kwargs)
+        if not isinstance(answer, EventStream):
+            seen.append('closed')
+            return answer
+        return EventStream(events(answer))
 
     conn.transport.post_stream = watched
     return seen

@@ -55,7 +55,7 @@ def test_a_stream_stalling_inside_an_event_fails_after_timeout(server):
     server.script = [(200, {'content-type': 'text/event-stream'}, Trickle(chunk('a') + chunk('b') * 40, 0.02))]
     transport = Transport('t', pool_size=1, timeout=0.6, max_retries=0)
     started = time.monotonic()
-    events = transport.post_stream(server.url + '/s', {}, {})
+    events = transport.post_stream(server.url + '/s', {}, {}).events
     with pytest.raises(LLMTimeout, match='stalled'):
         for _ in events:
             pass
@@ -69,7 +69,7 @@ def test_a_stream_of_prompt_events_is_still_bounded_by_stream_timeout(server):
     started = time.monotonic()
     seen = 0
     with pytest.raises(LLMTimeout, match='stream_timeout'):
-        for _ in transport.post_stream(server.url + '/s', {}, {}):
+        for _ in transport.post_stream(server.url + '/s', {}, {}).events:
             seen += 1
     assert seen > 3 and time.monotonic() - started < 2.5
 
@@ -78,7 +78,7 @@ def test_time_the_caller_spends_between_events_is_not_a_provider_stall(server):
     server.script = [(200, {'content-type': 'text/event-stream'}, [chunk('a'), chunk('b'), FINISH])]
     transport = Transport('t', pool_size=1, timeout=0.3, max_retries=0)
     seen = []
-    for event in transport.post_stream(server.url + '/s', {}, {}):
+    for event in transport.post_stream(server.url + '/s', {}, {}).events:
         seen.append(event)
         time.sleep(0.5)         # the caller's own work, longer than the provider's timeout
     assert len(seen) == 4

@@ -130,7 +130,7 @@ def test_stream_yields_events_in_order(server):
     body = 'event: one\ndata: 1\n\nevent: two\ndata: 2\n\n'.encode()
     server.script = [(200, {'content-type': 'text/event-stream'}, body, 0)]
     transport, _ = make()
-    assert [tuple(e) for e in transport.post_stream(server.url, {}, {})] == [('one', '1'), ('two', '2')]
+    assert [tuple(e) for e in transport.post_stream(server.url, {}, {}).events] == [('one', '1'), ('two', '2')]
 
 
 def test_proxy_environment_is_read_once_per_connection(monkeypatch):

@@ -21,11 +21,12 @@ from openai.types.chat.completion_create_params import CompletionCreateParamsNon
 from openai.types.responses import ResponseInputItemParam
 
 from llmconn.errors import ConfigError, InvalidInput, LLMError, LLMRateLimited
-from llmconn.providers.base import EMPTY_REPLY, JSON_BODY, SSE
+from llmconn.providers.base import EMPTY_REPLY, SSE
+from llmconn.sse import EventStream, JSONBody
 from llmconn.registry import Registry
 from llmconn.sse import iter_sse
 from llmconn.transport import Transport
-from llmconn.types import Request, Turn
+from llmconn.types import Reply, Request, Turn
 
 from provider_helpers import assert_valid, make_provider, run_stream
 
@@ -291,7 +292,7 @@ def test_openai_stream_null_error_field_is_not_an_error():
 
 def test_openai_stream_cut_before_finish_says_what_was_missing():
     assert list(openai().parse_stream(iter(as_sse(chunk({'content': 'x'}), chunk({}, finish='stop')))))[-1] \
-        .result['text'] == 'x'
+        .as_result()['text'] == 'x'
     with pytest.raises(LLMError, match=r'no finish_reason, no "data: \[DONE\]"') as info:
         list(openai().parse_stream(iter(as_sse(chunk({'content': 'x'})))))
     assert info.value.provider_body['choices'][0]['message']['content'] == 'x'
@@ -501,7 +502,7 @@ LITELLM_QUOTED = {'error': {'message': 'litellm.BadRequestError: OpenAIException
     (400, {'error': {'message': 'Invalid value for max_output_tokens', 'param': None, 'code': '400'}}, False),
 ], ids=['litellm-rewrapped', 'litellm-quoted-json', 'detail-404', 'lm-studio-text', 'model-404', 'other-400'])
 def test_a_forgotten_chain_is_recognised_in_the_forms_gateways_send(status, body, forgot):
-    from llmconn.connection import _forgot_previous
+    from llmconn.providers.openai_responses import forgot_previous as _forgot_previous
     error = LLMError(f'wire: provider answered HTTP {status}', status=status, provider_body=body)
     assert _forgot_previous(error, 'resp_1') is forgot
 
@@ -529,9 +530,9 @@ def test_a_chain_forgotten_behind_a_gateway_is_reseeded_from_local_history(serve
 
 
 def unstreamed(provider, body) -> tuple[list, object]:
-    out = list(provider.read_stream([SSE((JSON_BODY, json.dumps(body)))]))
-    assert [e.type for e in out].count('done') == 1 and out[-1].type == 'done', out
-    return [(e.type, e.text) for e in out[:-1]], out[-1].reply
+    out = list(provider.read_stream(JSONBody(body)))
+    assert [isinstance(e, Reply) for e in out].count(True) == 1 and isinstance(out[-1], Reply), out
+    return [(e.type, e.text) for e in out[:-1]], out[-1]
 
 
 def test_every_mapping_accepts_an_unstreamed_answer_to_a_stream_request():
@@ -588,7 +589,7 @@ def test_gzip_bodies_are_decoded_plain_and_streamed(server):
                      (200, {'content-encoding': 'gzip', 'content-type': 'text/event-stream'}, gzip.compress(stream))]
     tr = transport()[0]
     assert tr.post(server.url, {}, {}) == NON_ASCII
-    assert [tuple(e) for e in tr.post_stream(server.url, {}, {})] == [('', '{"a": 1}'), ('', '[DONE]')]
+    assert [tuple(e) for e in tr.post_stream(server.url, {}, {}).events] == [('', '{"a": 1}'), ('', '[DONE]')]
 
 
 def test_claude_529_overloaded_is_retried_then_rate_limited_with_its_message(server):
@@ -619,17 +620,16 @@ def test_an_html_error_page_is_an_llm_error_with_the_page_as_body(server):
 def test_a_slow_stream_split_inside_characters_and_line_ends_arrives_whole(server):
     raw = 'event: a\r\ndata: {"t": "kůň 🐎"}\r\n\r\ndata: [DONE]'.encode()
     server.script = [(200, {'content-type': 'text/event-stream'}, [raw[i:i + 3] for i in range(0, len(raw), 3)])]
-    assert [tuple(e) for e in transport()[0].post_stream(server.url, {}, {})] == [
+    assert [tuple(e) for e in transport()[0].post_stream(server.url, {}, {}).events] == [
         ('a', '{"t": "kůň 🐎"}'), ('', '[DONE]')]
 
 
-def test_a_stream_request_answered_with_a_json_array_yields_its_elements(server):
+def test_a_stream_request_answered_with_a_json_array_is_one_json_body(server):
     # Gemini's streamGenerateContent without alt=sse: a JSON array, streamed, with CRLFs between elements.
     raw = b'\xef\xbb\xbf [{"candidates": []}\r\n,\r\n{"usageMetadata": {}}\r\n]'
     server.script = [(200, {'content-type': 'application/json'}, [raw[:5], raw[5:20], raw[20:]])]
-    events = list(transport()[0].post_stream(server.url, {}, {}))
-    assert [(e.event, json.loads(e.data)) for e in events] == [(JSON_BODY, {'candidates': []}),
-                                                               (JSON_BODY, {'usageMetadata': {}})]
+    answer = transport()[0].post_stream(server.url, {}, {})
+    assert answer == JSONBody([{'candidates': []}, {'usageMetadata': {}}])
 
 
 def test_a_stream_request_answered_with_garbage_is_a_clear_error(server):
@@ -689,7 +689,7 @@ def split_pair_streams():
 @pytest.mark.parametrize('name', list(split_pair_streams()))
 def test_every_mapping_joins_a_surrogate_pair_split_between_events(name):
     provider, events = split_pair_streams()[name]
-    out = list(provider.read_stream(iter(events)))
-    assert [e.text for e in out if e.type == 'text'] == ['a ', '\U0001f600 b']
-    assert out[-1].result['text'] == 'a \U0001f600 b'
-    json.dumps(out[-1].result, ensure_ascii=False).encode('utf-8')     # no lone surrogate anywhere
+    out = list(provider.read_stream(EventStream(iter(events))))
+    assert [e.text for e in out[:-1] if e.type == 'text'] == ['a ', '\U0001f600 b']
+    assert out[-1].as_result()['text'] == 'a \U0001f600 b'
+    json.dumps(out[-1].as_result(), ensure_ascii=False).encode('utf-8')     # no lone surrogate anywhere

@@ -132,17 +132,6 @@ def pids_answering(port, want, deadline=20.0):
     return pids
 
 
-def answers_soon(port, deadline=5.0):
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        try:
-            return requests.post(f'http://127.0.0.1:{port}/test.pid', headers={'Connection': 'close'},
-                                 timeout=5).status_code == 200
-        except requests.ConnectionError:
-            time.sleep(0.01)
-    return False
-
-
 def wait_until_dead(pid: int, timeout: float = 10) -> None:
     """Until the kernel has closed ``pid``'s sockets: it is gone, or a zombie awaiting its parent."""
     deadline = time.monotonic() + timeout
@@ -167,14 +156,20 @@ def test_a_killed_worker_is_restarted_while_the_others_keep_serving(setup):
         victim = sorted(first)[0]
         os.kill(victim, signal.SIGKILL)
         wait_until_dead(victim)
-        # A connection made in the instant the kernel drops the dead worker's socket from the port's
-        # SO_REUSEPORT group can still be reset (seen here ~10 ms after it became a zombie); from the
-        # first answer on, the survivor must answer every request.
-        assert answers_soon(port)
-        for _ in range(10):
-            response = requests.post(f'http://127.0.0.1:{port}/test.pid', headers={'Connection': 'close'},
-                                     timeout=5)
-            assert response.status_code == 200
+        # Handshakes the kernel had hashed to the dead worker's SO_REUSEPORT socket are reset as it
+        # closes (Linux, without net.ipv4.tcp_migrate_req); under load that window lasts a few
+        # connections past the death. After it, the survivor must answer every request.
+        streak, resets = 0, 0
+        deadline = time.monotonic() + 15
+        while streak < 10 and time.monotonic() < deadline:
+            try:
+                response = requests.post(f'http://127.0.0.1:{port}/test.pid', headers={'Connection': 'close'},
+                                         timeout=5)
+                assert response.status_code == 200
+                streak += 1
+            except requests.ConnectionError:
+                streak, resets = 0, resets + 1
+        assert streak == 10 and resets <= 3, (streak, resets)
         # A replacement appears (a pid never seen before), and the supervisor is still there.
         deadline = time.monotonic() + 30
         fresh = set()

@@ -15,12 +15,13 @@ where function tools and ``function_call_output`` items will be passed on.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 from llmconn.errors import GatewayError
 from llmconn.gateway.items import Conversation
 from llmconn.providers.base import STREAM, SYSTEM
-from llmconn.types import Event, Request
+from llmconn.types import Event, Reply, Request
 
 RESPONSES_KIND = 'openai-responses'
 
@@ -63,8 +64,9 @@ def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
         # A backend that cannot stream answers whole; the stream is built from that one answer.
         return _whole(events(conn, conversation, params, False, previous_response_id=previous_response_id,
                              store=store, key_id=key_id))
+    chain = {'previous_response_id': previous_response_id} if previous_response_id else {}
     request = Request(text=conversation.text, system=conversation.system, history=conversation.turns,
-                      params=params, stream=stream, previous_response_id=previous_response_id)
+                      params=params, stream=stream, chain=chain)
     body = provider.build_request(request)
     if not store and 'store' in body:
         body['store'] = False       # the request said store: false; the backend must not keep it either
@@ -73,10 +75,29 @@ def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
         answer = provider.read_stream(transport.post_stream(provider.url(stream=True), headers, body))
     else:
         answer = _plain(provider, transport, headers, body)
-    return _counted(conn, key_id, answer)
+    return _counted(conn, key_id, _done_events(answer))
 
 
-def _plain(provider: Any, transport: Any, headers: dict, body: dict) -> Iterator[Event]:
+@dataclass(frozen=True)
+class Done:
+    """The gateway's own last event: the result and the whole :class:`Reply` it came from."""
+
+    reply: Reply
+    type: str = 'done'
+    text: str = ''
+
+    @property
+    def result(self) -> dict:
+        return self.reply.as_result()
+
+
+def _done_events(answer: Iterator) -> Iterator:
+    """A provider's parse ends with its Reply; the gateway hands it on as a ``done`` event."""
+    for event in answer:
+        yield Done(event) if isinstance(event, Reply) else event
+
+
+def _plain(provider: Any, transport: Any, headers: dict, body: dict) -> Iterator[Reply]:
     if getattr(provider, 'raw_answers', False):     # a template endpoint reads the status and text itself
         answer = transport.exchange(provider.http_method, provider.url(), headers, body)
     else:

@@ -10,13 +10,15 @@ locking. Keeping the mapping pure means most tests need no network.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
+from llmconn import items as mod_items
 from llmconn.errors import InvalidInput, LLMError
-from llmconn.text import Joiner, clean, clean_value
+from llmconn.sse import SSE, EventStream, JSONBody
+from llmconn.text import Joiner, clean, clean_value, has_surrogate
 from llmconn.types import Event, Reply, Request, Turn
 
 if TYPE_CHECKING:
@@ -28,10 +30,7 @@ SYSTEM = 'system'
 THINKING = 'thinking'
 REASONING_REPLAY = 'reasoning_replay'
 STATEFUL = 'stateful'
-
-# The event name the transport gives a stream request's answer that came as one plain JSON body
-# (a server that ignored "stream"); no real SSE event can be named this, it contains a space.
-JSON_BODY = 'json body'
+TOOLS = 'tools'
 
 # OpenAI's end-of-stream marker; some servers imitating other providers send it too.
 DONE_MARKER = '[DONE]'
@@ -40,20 +39,6 @@ DONE_MARKER = '[DONE]'
 # blocks must be non-empty", "empty text parameter"), and Claude a turn ending in a thinking block,
 # so one refusal or exhausted max_tokens would otherwise break the chat for good.
 EMPTY_REPLY = '(no reply)'
-
-
-class SSE(tuple):
-    """One server-sent event as ``(event, data)``; ``event`` is '' when the stream names none."""
-
-    __slots__ = ()
-
-    @property
-    def event(self) -> str:
-        return self[0]
-
-    @property
-    def data(self) -> str:
-        return self[1]
 
 
 class Provider:
@@ -100,6 +85,19 @@ class Provider:
         """Opaque items go back only to the exact provider, model and mode that made them."""
         return bool(turn.items) and turn.tag == self.tag
 
+    def steps(self, turn: Turn) -> list[dict]:
+        """A stored turn's items as this provider may see them: natives only where they were made."""
+        steps = turn.steps()
+        return steps if turn.tag == self.tag else mod_items.plain(steps)
+
+    def current(self, request: Request) -> list[dict]:
+        """The turn in progress: its earlier rounds (made by this provider, natives kept)."""
+        return list(request.items)
+
+    def chain(self, window: list[Turn]) -> 'Chain':
+        """How each call of a turn is built from the window; stateful providers override it."""
+        return Chain(window)
+
     def url(self, stream: bool = False) -> str:
         raise NotImplementedError
 
@@ -116,8 +114,8 @@ class Provider:
     def parse_response(self, body: Any) -> Reply:
         raise NotImplementedError
 
-    def parse_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
-        """Yield ``thinking`` / ``text`` deltas, then one ``done`` whose ``reply`` is set.
+    def parse_stream(self, events: Iterable[SSE]) -> Iterator[Event | Reply]:
+        """Yield ``thinking`` / ``text`` deltas, then the :class:`Reply`, last.
 
         A stream that ends without its terminal event, or that carries an
         error event, raises :class:`LLMError`.
@@ -136,48 +134,51 @@ class Provider:
         return merged
 
     @staticmethod
-    def done(reply: Reply) -> Event:
-        """The final event; its text is valid Unicode whatever the provider sent (see :mod:`llmconn.text`)."""
-        reply = dataclasses.replace(reply, text=clean(reply.text), thinking=clean(reply.thinking),
-                                    items=clean_value(reply.items), raw=clean_value(reply.raw),
-                                    meta=clean_value(reply.meta))
-        return Event('done', result=reply.as_result(), reply=reply)
+    def done(reply: Reply) -> Reply:
+        """The whole reply, as a parse ends with it; its text is valid Unicode whatever the provider
+        sent (see :mod:`llmconn.text`)."""
+        if not _has_surrogate(reply):
+            return reply        # the common case, found at C speed: nothing to walk and copy
+        return dataclasses.replace(reply, text=clean(reply.text), thinking=clean(reply.thinking),
+                                   items=clean_value(reply.items), raw=clean_value(reply.raw),
+                                   steps=clean_value(reply.steps), meta=clean_value(reply.meta))
 
     # Whether a JSON answer to a stream request is a list of stream chunks (Gemini without
     # alt=sse) rather than one whole reply.
     json_answer_is_chunks: ClassVar[bool] = False
 
-    def read_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
+    def read_stream(self, answer: JSONBody | EventStream) -> Iterator[Event | Reply]:
         """The events of a stream request's answer: :meth:`parse_stream`, unless the server
         answered with plain JSON (it ignored ``stream``), which is then one whole reply.
 
         Deltas leave here as valid Unicode: a surrogate pair split between two events is joined.
         """
         joiners = {'text': Joiner(), 'thinking': Joiner()}
-        for event in self._read_stream(events):
-            joiner = joiners.get(event.type)
+        for event in self._read_stream(answer):
+            joiner = joiners.get(getattr(event, 'type', None))
             if joiner is not None:
                 text = joiner.feed(event.text)
                 if text:
                     yield dataclasses.replace(event, text=text)
                 continue
-            if event.type == 'done':
+            if isinstance(event, Reply):
                 for kind, joiner in joiners.items():
                     rest = joiner.flush()
                     if rest:
                         yield Event(kind, text=rest)
             yield event
 
-    def _read_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
-        events = iter(events)
-        first = next(events, None)
-        if first is not None and first.event == JSON_BODY and not self.json_answer_is_chunks:
-            yield from self.unstreamed(json_event(self, first))
-            return
-        yield from self.parse_stream(itertools.chain(() if first is None else (first,), events))
+    def _read_stream(self, answer: JSONBody | EventStream) -> Iterator[Event | Reply]:
+        if isinstance(answer, EventStream):
+            yield from self.parse_stream(answer.events)
+        elif self.json_answer_is_chunks:
+            chunks = answer.body if isinstance(answer.body, list) else [answer.body]
+            yield from self.parse_stream(SSE(('', json.dumps(c, ensure_ascii=False))) for c in chunks)
+        else:
+            yield from self.unstreamed(answer.body)
 
-    def unstreamed(self, body: Any) -> Iterator[Event]:
-        """The events of a whole answer that came back unstreamed (a :data:`JSON_BODY` event)."""
+    def unstreamed(self, body: Any) -> Iterator[Event | Reply]:
+        """The events of a whole answer that came back unstreamed."""
         reply = self.parse_response(body)
         if reply.thinking:
             yield Event('thinking', text=reply.thinking)
@@ -186,9 +187,105 @@ class Provider:
         yield self.done(reply)
 
 
+class Chain:
+    """Builds each provider call of one turn; this one, for stateless APIs, replays the window.
+
+    ``request`` makes the call after ``last`` (None for the first) with the
+    turn's items so far; ``recover`` may answer a failed call with another
+    request to try instead (None: the error stands); ``state`` is what the
+    provider keeps with the saved turn.
+    """
+
+    def __init__(self, window: list[Turn]) -> None:
+        self.window = tuple(window)
+
+    def request(self, base: Request, items: list[dict], last: Reply | None) -> Request:
+        return replace(base, history=self.window, items=tuple(items))
+
+    def recover(self, error: LLMError, request: Request) -> Request | None:
+        """Ids a template endpoint's replies kept (``Turn.meta``) that it forgot: the window goes
+        back without them, and without the natives that may refer to them."""
+        kept = _kept_ids(self.window)
+        if not kept or not any(forgot_previous(error, kept_id) for kept_id in kept):
+            return None
+        self.window = tuple(replace(turn, items=(), meta={}) for turn in self.window)
+        return replace(request, history=self.window)
+
+    def state(self, reply: Reply) -> dict:
+        return {}
+
+
+def forgot_previous(error: LLMError, previous_id: str = '') -> bool:
+    """The provider no longer knows the response we continue from (expired, deleted, restarted).
+
+    OpenAI says so with ``code: previous_response_not_found``; gateways rewrap
+    it (LiteLLM: HTTP 400, ``"code": "400"``, ``"param": null``, the original
+    message, sometimes the original JSON quoted inside it; LM Studio: "history
+    node with id ... not found"). So the whole error is read as text: the code
+    anywhere in it, or "not found" together with "previous response" or the id
+    we sent. Getting it wrong the other way costs more: a chat that resends a
+    dead id fails for good, while a needless re-seed only resends local history.
+    """
+    body = error.provider_body
+    text = ' '.join((str(error), body if isinstance(body, str) else _json_text(body)))
+    lower = text.lower()
+    if 'previous_response_not_found' in lower:
+        return True
+    if 'not found' not in lower:
+        return False
+    return ('previous response' in lower or 'previous_response_id' in lower
+            or bool(previous_id) and previous_id in text)
+
+
+def _json_text(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _kept_ids(window: tuple) -> list[str]:
+    """The ids the window's replies kept for the provider (``['']`` when they kept only other values)."""
+    kept = [value for turn in window for value in turn.meta.values()]
+    return [value for value in kept if isinstance(value, str) and value] or ([''] if kept else [])
+
+
+def _has_surrogate(reply: Reply) -> bool:
+    if has_surrogate(reply.text) or has_surrogate(reply.thinking):
+        return True
+    try:
+        return has_surrogate(json.dumps([reply.raw, reply.items, reply.steps, reply.meta], ensure_ascii=False,
+                                       default=str))
+    except (TypeError, ValueError, RecursionError):
+        return True         # cannot tell cheaply: walk it
+
+
 def said(turn: Turn) -> str:
     """The assistant's text of a turn as it is replayed: never empty (see :data:`EMPTY_REPLY`)."""
     return turn.assistant if turn.assistant.strip() else EMPTY_REPLY
+
+
+def nonempty(text: str) -> str:
+    """A final text as it is replayed: never empty (see :data:`EMPTY_REPLY`)."""
+    return text if text.strip() else EMPTY_REPLY
+
+
+def arguments_json(arguments: Any) -> str:
+    """A call's arguments as the JSON string OpenAI's formats carry."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+def parse_arguments(raw: Any) -> Any:
+    """A call's arguments from a JSON string; what is not JSON is kept as the string (validation
+    then reports it to the model)."""
+    if not isinstance(raw, str):
+        return raw if raw is not None else {}
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
 
 
 def check_reserved(reserved: frozenset[str], keys: Iterable[str], error: type[Exception]) -> None:

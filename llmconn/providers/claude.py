@@ -11,8 +11,12 @@ Streaming rebuilds the whole Message from its events (as the SDK does) and
 parses that, so a streamed reply is exactly what the same answer unstreamed
 would give. The rebuild does not insist on every event the real API sends
 (a delta for a block that was never started starts it), but a stream is
-complete only at ``message_stop``. Non-text blocks (``tool_use``, server tools) are kept in ``raw`` but never
-in ``text``.
+complete only at ``message_stop``.
+
+Tools: function calls are ``tool_use`` blocks, answered by ``tool_result``
+blocks in the next user message; server-tool blocks are hosted items. An
+assistant message that continues after ``tool_use`` carries the thinking
+blocks that preceded it, verbatim, as Claude requires when thinking is on.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Iterator
 
+from llmconn import items as mod_items
 from llmconn.errors import InvalidInput
-from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, Provider
-from llmconn.providers.base import is_done_marker, json_event, said
-from llmconn.types import Event, Reply, Request, Turn
+from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, TOOLS, Provider
+from llmconn.providers.base import is_done_marker, json_event, nonempty
+from llmconn.types import Event, Reply, Request
 
 ANTHROPIC_VERSION = '2023-06-01'
 
@@ -46,8 +51,8 @@ class ClaudeProvider(Provider):
 
     name = 'claude'
     default_address = 'https://api.anthropic.com'
-    capabilities = frozenset({STREAM, SYSTEM, THINKING, REASONING_REPLAY})
-    reserved_params = frozenset({'model', 'messages', 'system', 'stream', 'thinking'})
+    capabilities = frozenset({STREAM, SYSTEM, THINKING, REASONING_REPLAY, TOOLS})
+    reserved_params = frozenset({'model', 'messages', 'system', 'stream', 'thinking', 'tools'})
 
     @classmethod
     def check_config(cls, conf) -> None:
@@ -80,9 +85,8 @@ class ClaudeProvider(Provider):
     def build_request(self, request: Request) -> dict[str, Any]:
         messages: list[dict[str, Any]] = []
         for turn in request.history:
-            messages.append({'role': 'user', 'content': turn.user})
-            messages.append({'role': 'assistant', 'content': self._assistant_content(turn)})
-        messages.append({'role': 'user', 'content': request.text})
+            messages += _turn_messages(turn.user, self.steps(turn))
+        messages += _turn_messages(request.text, self.current(request))
 
         body: dict[str, Any] = {'model': self.conf.model, 'max_tokens': self.conf.max_tokens}
         if request.system:
@@ -90,17 +94,13 @@ class ClaudeProvider(Provider):
         body['messages'] = messages
         if self.conf.thinking is not None:
             body['thinking'] = self.conf.thinking.wire()
+        tools = [_tool(t) for t in request.tools] + list(request.hosted)
+        if tools:
+            body['tools'] = tools
         if request.stream:
             body['stream'] = True
         body.update(self.body_params(request))
         return body
-
-    def _assistant_content(self, turn: Turn) -> Any:
-        if not self.replays_items(turn):
-            return said(turn)
-        # Thinking blocks first, byte for byte, then what was said: the order Claude produced.
-        # The text goes even when empty, as Claude refuses a message that ends with thinking.
-        return [*turn.items, {'type': 'text', 'text': said(turn)}]
 
     # ---- response
 
@@ -110,11 +110,12 @@ class ClaudeProvider(Provider):
         blocks = [b for b in body['content'] or () if isinstance(b, dict)]
         text = ''.join(b.get('text') or '' for b in blocks if b.get('type') == 'text')
         items = tuple(b for b in blocks if b.get('type') in _thinking_types)
+        steps = tuple(_step(b) for b in blocks)
         thinking = THINKING_SEPARATOR.join(b.get('thinking') or '' for b in items if b.get('type') == 'thinking')
         input_tokens, output_tokens = _usage(body.get('usage') or {})
         return Reply(text=text, input_tokens=input_tokens, output_tokens=output_tokens, raw=body,
                      thinking=thinking, items=items, response_id=body.get('id', ''),
-                     model=body.get('model', ''))
+                     model=body.get('model', ''), steps=steps)
 
     def parse_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
         state = _StreamState()
@@ -206,6 +207,63 @@ class _StreamState:
         message = dict(self._started())
         message['content'] = [_closed(self.blocks[i]) for i in sorted(self.blocks)]
         return message
+
+
+def _turn_messages(user: str, steps: list[dict]) -> list[dict]:
+    """One turn as alternating messages: the user's, then each round's assistant blocks and results."""
+    messages: list[dict[str, Any]] = [{'role': 'user', 'content': user}]
+    for said, answers in mod_items.rounds(steps):
+        if said:
+            messages.append({'role': 'assistant', 'content': _assistant_content(said)})
+        if answers:
+            messages.append({'role': 'user', 'content': [_tool_result(a) for a in answers]})
+    return messages
+
+
+def _assistant_content(said: list[dict]) -> Any:
+    if len(said) == 1 and said[0]['kind'] in (mod_items.TEXT, mod_items.REFUSAL) and 'native' not in said[0]:
+        return nonempty(said[0]['text'])
+    blocks = []
+    for item in said:
+        kind = item['kind']
+        if 'native' in item:
+            blocks.append(item['native'])
+        elif kind == mod_items.CALL:
+            blocks.append({'type': 'tool_use', 'id': item['call_id'], 'name': item['name'],
+                           'input': item['arguments'] if isinstance(item['arguments'], dict) else {}})
+        elif kind in (mod_items.TEXT, mod_items.REFUSAL) and item['text'].strip():
+            blocks.append({'type': 'text', 'text': item['text']})
+    # Claude refuses an assistant message that ends in thinking, or has no content.
+    if not blocks or blocks[-1].get('type') in _thinking_types:
+        blocks.append({'type': 'text', 'text': nonempty('')})
+    return blocks
+
+
+def _tool_result(item: dict) -> dict:
+    block = {'type': 'tool_result', 'tool_use_id': item['call_id'], 'content': item['output']}
+    if item['is_error']:
+        block['is_error'] = True
+    return block
+
+
+def _tool(tool) -> dict:
+    definition = {'name': tool.name, 'input_schema': tool.parameters}
+    if tool.description:
+        definition['description'] = tool.description
+    return definition
+
+
+def _step(block: dict) -> dict:
+    """A content block as a canonical item."""
+    kind = block.get('type')
+    if kind in _thinking_types:
+        return mod_items.reasoning(block)
+    if kind == 'text':
+        return mod_items.text(block.get('text') or '', native=block if block.get('citations') else None)
+    if kind == 'tool_use':
+        return mod_items.call(block.get('id') or '', block.get('name') or '', block.get('input') or {},
+                              native=block)
+    return mod_items.hosted(block)      # server tools (web search, code execution) and their results
 
 
 def _block_for(delta: dict) -> dict:

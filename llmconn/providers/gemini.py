@@ -18,15 +18,23 @@ end marker, so a stream is complete only if some chunk carried a
 array of the same chunks, which the transport hands on one by one. The
 rebuilt answer keeps the latest ``usageMetadata`` any chunk carried, since
 the final chunk does not always repeat it.
+
+Tools: ``functionCall`` parts are answered by as many ``functionResponse``
+parts, in one user content. Each part that carried a ``thoughtSignature``
+goes back verbatim, signature included, to the same model. Gemini gives no
+call ids (before Gemini 3), so one is made for each call when it is parsed
+and stored with it; it is sent back only when the provider gave it.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Iterable, Iterator
 from urllib.parse import quote
 
-from llmconn.providers.base import SSE, STREAM, SYSTEM, Provider
-from llmconn.providers.base import is_done_marker, json_event, said
+from llmconn import items as mod_items
+from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS, Provider
+from llmconn.providers.base import is_done_marker, json_event, nonempty
 from llmconn.types import Event, Reply, Request
 
 # Finish reasons of an answer that ended normally; any other one with no text means Gemini refused.
@@ -43,9 +51,9 @@ class GeminiProvider(Provider):
 
     name = 'gemini'
     default_address = 'https://generativelanguage.googleapis.com/v1beta'
-    capabilities = frozenset({STREAM, SYSTEM})
+    capabilities = frozenset({STREAM, SYSTEM, TOOLS})
     json_answer_is_chunks = True       # streamGenerateContent without alt=sse: a JSON array of chunks
-    reserved_params = frozenset({'contents', 'systemInstruction', 'system_instruction'})
+    reserved_params = frozenset({'contents', 'systemInstruction', 'system_instruction', 'tools'})
 
     def url(self, stream: bool = False) -> str:
         model = self.conf.model
@@ -68,11 +76,15 @@ class GeminiProvider(Provider):
     def build_request(self, request: Request) -> dict[str, Any]:
         contents = []
         for turn in request.history:
-            contents.append({'role': 'user', 'parts': [{'text': turn.user}]})
-            contents.append({'role': 'model', 'parts': [{'text': said(turn)}]})
-        contents.append({'role': 'user', 'parts': [{'text': request.text}]})
+            contents += _turn_contents(turn.user, self.steps(turn))
+        contents += _turn_contents(request.text, self.current(request))
 
         body: dict[str, Any] = {'contents': contents}
+        tools = list(request.hosted)
+        if request.tools:
+            tools.insert(0, {'functionDeclarations': [_declaration(t) for t in request.tools]})
+        if tools:
+            body['tools'] = tools
         if request.system:
             body['systemInstruction'] = {'parts': [{'text': request.system}]}
         generation = {'maxOutputTokens': self.conf.max_tokens}
@@ -100,7 +112,7 @@ class GeminiProvider(Provider):
             raise self.error(f'Gemini stopped the answer (finishReason {finish}) before it said anything; '
                              f'rephrase the message or adjust safetySettings in params', body)
         usage = body.get('usageMetadata') or {}
-        return Reply(text=text,
+        return Reply(text=text, steps=tuple(_step(p) for p in parts if not p.get('thought')),
                      input_tokens=usage.get('promptTokenCount') or 0,
                      # Thinking is billed as output, as Claude's and OpenAI's output counts include it.
                      output_tokens=(usage.get('candidatesTokenCount') or 0) + (usage.get('thoughtsTokenCount') or 0),
@@ -170,6 +182,57 @@ class _Answer:
             candidate['finishReason'] = self.finish
         response['candidates'] = [candidate]
         return response
+
+
+def _turn_contents(user: str, steps: list[dict]) -> list[dict]:
+    """One turn: the user's text, each round's model parts, and one functionResponse per call."""
+    contents: list[dict[str, Any]] = [{'role': 'user', 'parts': [{'text': user}]}]
+    names: dict[str, dict] = {}
+    for said, answers in mod_items.rounds(steps):
+        parts = [_part(item) for item in said]
+        parts = [p for p in parts if p is not None] or [{'text': nonempty('')}]
+        names.update((c['call_id'], c) for c in mod_items.calls(said))
+        contents.append({'role': 'model', 'parts': parts})
+        if answers:
+            contents.append({'role': 'user', 'parts': [_response(a, names.get(a['call_id'])) for a in answers]})
+    return contents
+
+
+def _part(item: dict) -> dict | None:
+    if 'native' in item:
+        return item['native']
+    if item['kind'] == mod_items.CALL:
+        return {'functionCall': {'name': item['name'], 'args': item['arguments']}}
+    if item['kind'] in (mod_items.TEXT, mod_items.REFUSAL):
+        return {'text': nonempty(item['text'])}
+    return None
+
+
+def _response(item: dict, call: dict | None) -> dict:
+    native = ((call or {}).get('native') or {}).get('functionCall') or {}
+    key = 'error' if item['is_error'] else 'output'
+    response: dict[str, Any] = {'name': (call or {}).get('name', ''), 'response': {key: item['output']}}
+    if native.get('id'):
+        response['id'] = native['id']
+    return {'functionResponse': response}
+
+
+def _step(part: dict) -> dict:
+    """A part as a canonical item; a part that carries a signature keeps its native."""
+    call = part.get('functionCall')
+    if isinstance(call, dict):
+        call_id = call.get('id') or f'call_{uuid.uuid4().hex[:24]}'
+        return mod_items.call(call_id, call.get('name') or '', call.get('args') or {}, native=part)
+    if 'text' in part:
+        return mod_items.text(part.get('text') or '', native=part if part.get('thoughtSignature') else None)
+    return mod_items.hosted(part)       # executableCode, codeExecutionResult and the like
+
+
+def _declaration(tool) -> dict:
+    declaration = {'name': tool.name, 'parametersJsonSchema': tool.parameters}
+    if tool.description:
+        declaration['description'] = tool.description
+    return declaration
 
 
 def _error_text(body: Any) -> str:

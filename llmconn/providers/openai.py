@@ -19,6 +19,10 @@ that ignore it leave usage at 0). A stream is complete at
 Ollama, LiteLLM) send last, or when it closes cleanly after a
 ``finish_reason`` (as the official SDK accepts); one that closes before
 either lost part of the reply and is an error.
+
+Tools: an assistant message's ``tool_calls`` (arguments as a JSON string,
+assembled from the deltas of each call's ``index`` when streamed) are
+answered by one ``role: tool`` message per call id.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Iterator
 
-from llmconn.providers.base import SSE, STREAM, SYSTEM, Provider, is_done_marker
-from llmconn.providers.base import json_event, said
+from llmconn import items as mod_items
+from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS, Provider, is_done_marker
+from llmconn.providers.base import arguments_json, json_event, nonempty, parse_arguments
 from llmconn.types import Event, Reply, Request
 
 # Where compatible servers put the model's reasoning, in the order we look.
@@ -44,8 +49,8 @@ class OpenAIProvider(Provider):
 
     name = 'openai'
     default_address = 'https://api.openai.com/v1'
-    capabilities = frozenset({STREAM, SYSTEM})
-    reserved_params = frozenset({'model', 'messages', 'stream', 'stream_options', 'n'})
+    capabilities = frozenset({STREAM, SYSTEM, TOOLS})
+    reserved_params = frozenset({'model', 'messages', 'stream', 'stream_options', 'n', 'tools'})
 
     def url(self, stream: bool = False) -> str:
         return f'{self.conf.address}/chat/completions'
@@ -63,15 +68,17 @@ class OpenAIProvider(Provider):
         if request.system:
             messages.append({'role': 'system', 'content': request.system})
         for turn in request.history:
-            messages.append({'role': 'user', 'content': turn.user})
-            messages.append({'role': 'assistant', 'content': said(turn)})
-        messages.append({'role': 'user', 'content': request.text})
+            messages += _turn_messages(turn.user, self.steps(turn))
+        messages += _turn_messages(request.text, self.current(request))
 
         params = self.body_params(request)
         # OpenAI rejects a body that carries both limits.
         limit = ('max_completion_tokens' if 'max_completion_tokens' in params
                  or _reasoning_model.match(self.conf.model) else 'max_tokens')
         body: dict[str, Any] = {'model': self.conf.model, 'messages': messages, limit: self.conf.max_tokens}
+        tools = [_tool(t) for t in request.tools] + list(request.hosted)
+        if tools:
+            body['tools'] = tools
         if request.stream:
             body['stream'] = True
             body['stream_options'] = {'include_usage': True}
@@ -91,7 +98,19 @@ class OpenAIProvider(Provider):
         message = choices[0].get('message') or {}
         usage = body.get('usage') or {}
         thinking = next((text_of(message[k]) for k in REASONING_FIELDS if message.get(k)), '')
-        return Reply(text=text_of(message.get('content')) or message.get('refusal') or '',
+        text = text_of(message.get('content'))
+        steps = []
+        if text:
+            steps.append(mod_items.text(text))
+        elif message.get('refusal'):
+            steps.append(mod_items.refusal(message['refusal']))
+        for call in message.get('tool_calls') or ():
+            if not isinstance(call, dict):
+                continue
+            function = call.get('function') or {}
+            steps.append(mod_items.call(call.get('id') or '', function.get('name') or '',
+                                        parse_arguments(function.get('arguments'))))
+        return Reply(text=text or message.get('refusal') or '', steps=tuple(steps),
                      input_tokens=usage.get('prompt_tokens') or 0,
                      output_tokens=usage.get('completion_tokens') or 0,
                      raw=body, thinking=thinking, response_id=body.get('id') or '',
@@ -125,6 +144,7 @@ class _Answer:
         self.refusal: list[str] = []
         self.finish_reason = None
         self.usage = None
+        self.calls: dict[int, dict] = {}
 
     def add(self, chunk: dict) -> Iterator[Event]:
         for key in ('id', 'created', 'model', 'system_fingerprint'):
@@ -147,6 +167,19 @@ class _Answer:
                 yield Event('text', text=content)
             if delta.get('refusal'):
                 self.refusal.append(delta['refusal'])
+            for piece in delta.get('tool_calls') or ():
+                self._call(piece)
+
+    def _call(self, piece: dict) -> None:
+        """One tool-call delta: the first of an index names the call, the rest add argument text."""
+        if not isinstance(piece, dict):
+            return
+        call = self.calls.setdefault(piece.get('index', len(self.calls)),
+                                     {'id': '', 'type': 'function', 'function': {'name': '', 'arguments': ''}})
+        call['id'] = piece.get('id') or call['id']
+        function = piece.get('function') or {}
+        call['function']['name'] += function.get('name') or ''
+        call['function']['arguments'] += function.get('arguments') or ''
 
     def completion(self) -> dict:
         message: dict[str, Any] = {'role': 'assistant', 'content': ''.join(self.text) or None}
@@ -154,11 +187,36 @@ class _Answer:
             message['refusal'] = ''.join(self.refusal)
         if self.reasoning:
             message['reasoning_content'] = ''.join(self.reasoning)
+        if self.calls:
+            message['tool_calls'] = [self.calls[i] for i in sorted(self.calls)]
         completion = {**self.head, 'object': 'chat.completion',
                       'choices': [{'index': 0, 'message': message, 'finish_reason': self.finish_reason}]}
         if self.usage is not None:
             completion['usage'] = self.usage
         return completion
+
+
+def _turn_messages(user: str, steps: list[dict]) -> list[dict]:
+    """One turn: the user's message, each round's assistant message, one tool message per output."""
+    messages: list[dict[str, Any]] = [{'role': 'user', 'content': user}]
+    for said, answers in mod_items.rounds(steps):
+        calls = mod_items.calls(said)
+        text = ''.join(i['text'] for i in said if i['kind'] in (mod_items.TEXT, mod_items.REFUSAL))
+        if said:
+            message: dict[str, Any] = {'role': 'assistant', 'content': text or None if calls else nonempty(text)}
+            if calls:
+                message['tool_calls'] = [{'id': c['call_id'], 'type': 'function', 'function': {
+                    'name': c['name'], 'arguments': arguments_json(c['arguments'])}} for c in calls]
+            messages.append(message)
+        messages += [{'role': 'tool', 'tool_call_id': a['call_id'], 'content': a['output']} for a in answers]
+    return messages
+
+
+def _tool(tool) -> dict:
+    function = {'name': tool.name, 'parameters': tool.parameters}
+    if tool.description:
+        function['description'] = tool.description
+    return {'type': 'function', 'function': function}
 
 
 def bearer_headers(conf) -> dict[str, str]:

@@ -18,16 +18,28 @@ whose reasoning came back without it keeps no items and replays as text.
 
 A stream's text is taken from ``response.completed``, which carries the
 whole response; if that response holds no text, the deltas already streamed
-are the answer.
+are the answer (and the items finished by ``response.output_item.done``).
+
+Tools: ``function_call`` items are answered by ``function_call_output``
+items; under ``store: false`` the reasoning items that preceded the calls go
+back with them, verbatim. The provider-side chain (``state: provider``) is
+this module's :class:`ResponsesChain`: the first call of a turn continues the
+previous turn's response, later rounds continue the round before and send
+only the outputs, and a chain the provider forgot is re-seeded from the
+local window.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 from typing import Any, Iterable, Iterator
 
-from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, Provider
-from llmconn.providers.base import is_done_marker, json_event, said
+from llmconn import items as mod_items
+from llmconn.errors import LLMError
+from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, TOOLS, Chain, Provider
+from llmconn.providers.base import arguments_json, forgot_previous, is_done_marker, json_event, nonempty
+from llmconn.providers.base import parse_arguments
 from llmconn.providers.openai import bearer_headers, error_text
 from llmconn.types import Event, Reply, Request, Turn
 
@@ -49,8 +61,9 @@ class OpenAIResponsesProvider(Provider):
 
     name = 'openai-responses'
     default_address = 'https://api.openai.com/v1'
-    capabilities = frozenset({STREAM, SYSTEM, REASONING_REPLAY, STATEFUL})
-    reserved_params = frozenset({'model', 'input', 'instructions', 'stream', 'store', 'previous_response_id'})
+    capabilities = frozenset({STREAM, SYSTEM, REASONING_REPLAY, STATEFUL, TOOLS})
+    reserved_params = frozenset({'model', 'input', 'instructions', 'stream', 'store', 'previous_response_id',
+                                 'tools'})
 
     @property
     def mode(self) -> str:
@@ -67,14 +80,19 @@ class OpenAIResponsesProvider(Provider):
 
     # ---- request
 
+    def chain(self, window: list[Turn]) -> Chain:
+        return ResponsesChain(self, window)
+
     def build_request(self, request: Request) -> dict[str, Any]:
         stateful = self.conf.state == 'provider'
+        previous = request.chain.get('previous_response_id', '') if stateful else ''
         items: list[dict[str, Any]] = []
-        if not (stateful and request.previous_response_id):
+        if request.chain.get('continuation'):
+            items += _round_items(request.items)        # the chain holds the rest of the turn
+        else:
             for turn in request.history:
-                items.append(_message('user', turn.user))
-                items.extend(self._assistant_items(turn))
-        items.append(_message('user', request.text))
+                items += _turn_items(turn.user, self.steps(turn))
+            items += _turn_items(request.text, self.current(request))
 
         body: dict[str, Any] = {'model': self.conf.model}
         # Instructions are not carried along a chain: they go with every call.
@@ -83,8 +101,11 @@ class OpenAIResponsesProvider(Provider):
         body['input'] = items
         body['max_output_tokens'] = self.conf.max_tokens
         body['store'] = stateful
-        if stateful and request.previous_response_id:
-            body['previous_response_id'] = request.previous_response_id
+        if previous:
+            body['previous_response_id'] = previous
+        tools = [_tool(t) for t in request.tools] + list(request.hosted)
+        if tools:
+            body['tools'] = tools
         if request.stream:
             body['stream'] = True
         params = self.body_params(request)
@@ -92,11 +113,6 @@ class OpenAIResponsesProvider(Provider):
             body['include'] = [ENCRYPTED_REASONING]
         body.update(params)
         return body
-
-    def _assistant_items(self, turn: Turn) -> list[dict[str, Any]]:
-        if self.replays_items(turn):
-            return list(turn.items)     # reasoning and message items exactly as the reply gave them
-        return [_message('assistant', said(turn))]
 
     # ---- response
 
@@ -115,11 +131,18 @@ class OpenAIResponsesProvider(Provider):
             elif item.get('type') == 'reasoning':
                 thinking += _reasoning_texts(item)
         usage = body.get('usage') or {}
+        replayable = self._replayable(output)
+        steps = [_step(i) for i in output]
+        if not replayable:
+            # No reasoning to pair with (or none usable without store): the items go back from their
+            # canonical fields; only hosted-tool items, which have no other form, keep their natives.
+            steps = [s if s['kind'] == mod_items.HOSTED else _bare(s) for s in steps
+                     if s['kind'] != mod_items.REASONING]
         return Reply(text=''.join(text), input_tokens=usage.get('input_tokens') or 0,
                      output_tokens=usage.get('output_tokens') or 0, raw=body,
                      thinking=THINKING_SEPARATOR.join(t for t in thinking if t),
-                     items=self._replayable(output), response_id=body.get('id') or '',
-                     model=body.get('model') or '')
+                     items=replayable, response_id=body.get('id') or '',
+                     model=body.get('model') or '', steps=tuple(steps))
 
     def _replayable(self, output: list) -> tuple:
         reasoning = [i for i in output if i.get('type') == 'reasoning']
@@ -133,6 +156,7 @@ class OpenAIResponsesProvider(Provider):
     def parse_stream(self, events: Iterable[SSE]) -> Iterator[Event]:
         last_summary = None
         streamed: list[str] = []
+        finished: list[dict] = []     # items completed by output_item.done, for a bare response.completed
         thought: list[str] = []
         for sse in events:
             if is_done_marker(sse):
@@ -150,8 +174,13 @@ class OpenAIResponsesProvider(Provider):
                 last_summary = summary
                 thought.append(data['delta'])
                 yield Event('thinking', text=data['delta'])
+            elif kind == 'response.output_item.done' and isinstance(data.get('item'), dict):
+                finished.append(data['item'])
             elif kind in _final_events:
-                reply = self.parse_response(data.get('response'))
+                response = data.get('response')
+                if isinstance(response, dict) and not response.get('output') and finished:
+                    response = dict(response, output=finished)
+                reply = self.parse_response(response)
                 if not reply.text and streamed:
                     reply = dataclasses.replace(reply, text=''.join(streamed))
                 if not reply.thinking and thought:
@@ -167,6 +196,96 @@ class OpenAIResponsesProvider(Provider):
                                  data)
         raise self.error('the stream ended before response.completed, so the reply is incomplete; try again')
 
+
+class ResponsesChain(Chain):
+    """``state: provider``: continue the provider's chain while it stays within the window."""
+
+    def __init__(self, provider: OpenAIResponsesProvider, window: list[Turn]) -> None:
+        super().__init__(window)
+        self.stateful = provider.conf.state == 'provider'
+        last = window[-1].state if window else {}
+        if self.stateful and last.get('response_id') and last.get('chain', 0) + 1 <= provider.conf.max_history_turns:
+            self.previous, self.length = last['response_id'], last.get('chain', 0) + 1
+        else:
+            self.previous, self.length = '', len(window) + 1
+        self.items: list[dict] = []
+
+    def request(self, base: Request, items: list[dict], last: Reply | None) -> Request:
+        self.items = list(items)
+        if self.stateful and last is not None and last.response_id:
+            new = []
+            for item in reversed(items):        # the outputs that answer the last round
+                if item['kind'] != mod_items.OUTPUT:
+                    break
+                new.insert(0, item)
+            return replace(base, history=(), items=tuple(new),
+                           chain={'previous_response_id': last.response_id, 'continuation': True})
+        if self.previous:
+            return replace(base, history=(), items=tuple(items), chain={'previous_response_id': self.previous})
+        return super().request(base, items, last)
+
+    def recover(self, error: LLMError, request: Request) -> Request | None:
+        previous = request.chain.get('previous_response_id', '')
+        if not previous or not forgot_previous(error, previous):
+            return None
+        # The local window is the truth; the provider's copy of the chain is gone, and with it the
+        # stored items our turns' natives refer to, so everything goes back as plain items.
+        self.previous, self.length = '', len(self.window) + 1
+        plain = tuple(replace(turn, tag='') for turn in self.window)
+        return replace(request, history=plain, items=tuple(mod_items.plain(self.items)), chain={})
+
+    def state(self, reply: Reply) -> dict:
+        if not self.stateful or not reply.response_id:
+            return {}
+        return {'response_id': reply.response_id, 'chain': self.length}
+
+
+def _turn_items(user: str, steps: list[dict]) -> list[dict]:
+    return [_message('user', user)] + _round_items(steps)
+
+
+def _round_items(steps: Iterable[dict]) -> list[dict]:
+    """Items as input: natives verbatim, the rest from their canonical fields."""
+    out: list[dict[str, Any]] = []
+    for item in steps:
+        kind = item['kind']
+        if 'native' in item:
+            out.append(item['native'])
+        elif kind == mod_items.CALL:
+            out.append({'type': 'function_call', 'call_id': item['call_id'], 'name': item['name'],
+                        'arguments': arguments_json(item['arguments'])})
+        elif kind == mod_items.OUTPUT:
+            out.append({'type': 'function_call_output', 'call_id': item['call_id'], 'output': item['output']})
+        elif kind in (mod_items.TEXT, mod_items.REFUSAL):
+            out.append(_message('assistant', nonempty(item['text'])))
+    return out
+
+
+def _step(item: dict) -> dict:
+    """An output item as a canonical item (its native kept verbatim)."""
+    kind = item.get('type')
+    if kind == 'reasoning':
+        return mod_items.reasoning(item)
+    if kind == 'message':
+        parts = [p for p in item.get('content') or () if isinstance(p, dict)]
+        if parts and all(p.get('type') == 'refusal' for p in parts):
+            return mod_items.refusal(''.join(p.get('refusal') or '' for p in parts), native=item)
+        return mod_items.text(''.join(p.get('text') or p.get('refusal') or '' for p in parts), native=item)
+    if kind == 'function_call':
+        return mod_items.call(item.get('call_id') or '', item.get('name') or '',
+                              parse_arguments(item.get('arguments')), native=item)
+    return mod_items.hosted(item)
+
+
+def _bare(item: dict) -> dict:
+    return {k: v for k, v in item.items() if k != 'native'}
+
+
+def _tool(tool) -> dict:
+    definition = {'type': 'function', 'name': tool.name, 'parameters': tool.parameters, 'strict': False}
+    if tool.description:
+        definition['description'] = tool.description
+    return definition
 
 def _reasoning_texts(item: dict) -> list[str]:
     """A reasoning item's readable text: its summary, or else (vLLM, LM Studio, gpt-oss servers) its

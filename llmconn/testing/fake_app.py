@@ -57,6 +57,14 @@ class FakeState:
         # Responses API state: response id -> record, and the ids of the items they output.
         self.responses: dict[str, dict] = {}
         self.items: set[str] = set()
+        # Requests refused for breaking a provider's replay rules (see fake_tools).
+        self.violations: list[dict] = []
+        # Responses: function-call item id -> the reasoning item id that must precede it.
+        self.call_reasoning: dict[str, str] = {}
+
+    def add_violation(self, entry: dict) -> None:
+        with self.lock:
+            self.violations.append(entry)
 
     def record(self, call: Call) -> None:
         entry = {'method': call.method, 'path': call.path, 'headers': call.headers, 'body': call.body,
@@ -81,6 +89,7 @@ class FakeState:
         with self.lock:
             count = len(self.recorded)
             self.recorded.clear()
+            self.violations.clear()
             return count
 
     def add_fault(self, fault: dict, count: int = 1) -> None:
@@ -225,6 +234,9 @@ class FakeApp:
         try:
             if (method, name) == ('GET', 'requests'):
                 return JSONAnswer(200, state.snapshot())
+            if (method, name) == ('GET', 'violations'):
+                with state.lock:
+                    return JSONAnswer(200, list(state.violations))
             if (method, name) == ('DELETE', 'requests'):
                 return JSONAnswer(200, {'cleared': state.clear()})
             if (method, name) == ('POST', 'faults'):

@@ -5,6 +5,12 @@ with ``think:``, the reply opens with a ``thinking`` block whose ``signature``
 this server computed; ``redact:`` gives a ``redacted_thinking`` block instead.
 Replayed thinking blocks are checked as the real API checks them: an altered
 or foreign signature (or redacted ``data``) is a 400.
+
+Tools (see :mod:`llmconn.testing.fake_tools`): calls come as ``tool_use``
+blocks, preceded by a signed thinking block when thinking is on, and the
+rules are Claude's: each ``tool_use`` answered by a ``tool_result`` in the
+next message and no other, and with thinking on, an assistant message that
+continues after ``tool_use`` starts with its thinking block.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any
 from llmconn.testing.fake_common import (
     REDACT_PREFIX, THINK_PREFIX, ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id,
     reply_text, require_json_object, text_chunks)
+from llmconn.testing.fake_tools import argument_chunks, decide, violation
 
 NAME = 'claude'
 MODELS = ('claude-sonnet-5-5', 'claude-haiku-5-5', 'claude-opus-5-5')
@@ -53,6 +60,47 @@ def _text_of(content: Any) -> str:
     return ''
 
 
+def _blocks(message: dict, kind: str) -> list:
+    content = message.get('content')
+    return [b for b in content if isinstance(b, dict) and b.get('type') == kind] if isinstance(content, list) else []
+
+
+def _result_text(block: dict) -> str:
+    content = block.get('content')
+    return content if isinstance(content, str) else _text_of(content)
+
+
+def _check_tool_pairs(messages: list, call: Call, thinking_on: bool) -> None:
+    """Claude's rules for tool_use / tool_result, and thinking before a continued tool_use."""
+    for i, message in enumerate(messages):
+        uses = [b.get('id') for b in _blocks(message, 'tool_use')] if message['role'] == 'assistant' else []
+        following = messages[i + 1] if i + 1 < len(messages) else None
+        results = [b.get('tool_use_id') for b in _blocks(following, 'tool_result')] if following else []
+        if uses and following is not None and set(uses) - set(results):
+            raise violation(call, 'claude: tool_use without tool_result', error(
+                400, f'messages.{i + 1}: `tool_use` ids were found without `tool_result` blocks immediately '
+                     f'after: {", ".join(sorted(set(uses) - set(results)))}. Each `tool_use` block must have a '
+                     f'corresponding `tool_result` block in the next message.'))
+        if message['role'] == 'user' and _blocks(message, 'tool_result'):
+            previous = [b.get('id') for b in _blocks(messages[i - 1], 'tool_use')] if i else []
+            stray = [r for r in (b.get('tool_use_id') for b in _blocks(message, 'tool_result')) if r not in previous]
+            if stray:
+                raise violation(call, 'claude: tool_result without tool_use', error(
+                    400, f'messages.{i}.content.0: unexpected `tool_use_id` found in `tool_result` blocks: '
+                         f'{stray[0]}. Each `tool_result` block must have a corresponding `tool_use` block in '
+                         f'the previous message.'))
+    last = messages[-2] if len(messages) > 1 else None
+    if thinking_on and last is not None and _blocks(last, 'tool_use') and _blocks(messages[-1], 'tool_result'):
+        first = last['content'][0].get('type') if isinstance(last['content'][0], dict) else None
+        if first not in ('thinking', 'redacted_thinking'):
+            raise violation(call, 'claude: thinking before tool_use', error(
+                400, f'messages.{len(messages) - 2}.content.0.type: Expected `thinking` or `redacted_thinking`, '
+                     f'but found `{first}`. When `thinking` is enabled, a final `assistant` message must start '
+                     f'with a thinking block (preceeding the lastmost set of `tool_use` and `tool_result` '
+                     f'blocks). We recommend you include thinking blocks from previous turns. To avoid this '
+                     f'requirement, disable `thinking`.'))
+
+
 def _validate(body: dict, call: Call) -> list:
     if 'anthropic-version' not in call.headers:
         raise error(400, 'anthropic-version: header is required')
@@ -75,7 +123,8 @@ def _validate(body: dict, call: Call) -> list:
     return messages
 
 
-def _check_replayed_thinking(messages: list, signer) -> None:
+def _check_replayed_thinking(messages: list, call: Call) -> None:
+    signer = call.state.signer
     for i, message in enumerate(messages):
         content = message.get('content')
         if message['role'] != 'assistant' or not isinstance(content, list):
@@ -83,14 +132,20 @@ def _check_replayed_thinking(messages: list, signer) -> None:
         for j, block in enumerate(content):
             kind = block.get('type') if isinstance(block, dict) else None
             if kind == 'thinking' and not signer.verify(block.get('thinking'), block.get('signature')):
-                raise error(400, f'messages.{i}.content.{j}: Invalid `signature` in `thinking` block')
+                raise violation(call, 'claude: thinking signature', error(
+                    400, f'messages.{i}.content.{j}: Invalid `signature` in `thinking` block'))
             if kind == 'redacted_thinking' and signer.unseal(block.get('data')) is None:
-                raise error(400, f'messages.{i}.content.{j}: Invalid `data` in `redacted_thinking` block')
+                raise violation(call, 'claude: redacted thinking data', error(
+                    400, f'messages.{i}.content.{j}: Invalid `data` in `redacted_thinking` block'))
+
+
+def _thinking_on(body: dict) -> bool:
+    thinking = body.get('thinking')
+    return isinstance(thinking, dict) and thinking.get('type') in _THINKING_TYPES
 
 
 def _thinking_blocks(body: dict, last_user: str, signer) -> list:
-    thinking = body.get('thinking')
-    if not isinstance(thinking, dict) or thinking.get('type') not in _THINKING_TYPES:
+    if not _thinking_on(body):
         return []
     if last_user.startswith(THINK_PREFIX):
         text = f'The user asked: {last_user[len(THINK_PREFIX):].strip()}. I will echo it.'
@@ -103,21 +158,41 @@ def _thinking_blocks(body: dict, last_user: str, signer) -> list:
 def messages(call: Call) -> JSONAnswer | StreamAnswer:
     body = require_json_object(call, error)
     history = _validate(body, call)
-    _check_replayed_thinking(history, call.state.signer)
-    users = [_text_of(m.get('content')) for m in history if m['role'] == 'user']
+    _check_replayed_thinking(history, call)
+    _check_tool_pairs(history, call, _thinking_on(body))
+    said = [m for m in history if m['role'] == 'user' and not _blocks(m, 'tool_result')]
+    users = [_text_of(m.get('content')) for m in said]
+    outputs = [_result_text(b) for b in _blocks(history[-1], 'tool_result')]
+    declared = [t.get('name') for t in body.get('tools') or () if isinstance(t, dict)]
     system = _text_of(body.get('system'))
-    text = reply_text(users, bool(system))
-    content = _thinking_blocks(body, users[-1], call.state.signer) + [{'type': 'text', 'text': text}]
-    input_tokens = count_words(system, *(_text_of(m.get('content')) for m in history))
+    action = decide(users[-1] if users else '', outputs, declared)
+    if isinstance(action, list):
+        content = _tool_blocks(body, action, call.state.signer)
+        text, stop = '', 'tool_use'
+    else:
+        text = action if isinstance(action, str) else reply_text(users, bool(system))
+        thinking = _thinking_blocks(body, users[-1] if users else '', call.state.signer) if not outputs else []
+        content, stop = thinking + [{'type': 'text', 'text': text}], 'end_turn'
+    input_tokens = count_words(system, *(_text_of(m.get('content')) for m in history), *outputs)
     message = {
         'id': new_id('msg_'), 'type': 'message', 'role': 'assistant', 'model': body['model'],
-        'content': content, 'stop_reason': 'end_turn', 'stop_sequence': None,
-        'usage': {'input_tokens': input_tokens, 'output_tokens': count_words(text),
+        'content': content, 'stop_reason': stop, 'stop_sequence': None,
+        'usage': {'input_tokens': input_tokens, 'output_tokens': max(1, count_words(text)),
                   'cache_creation_input_tokens': 0, 'cache_read_input_tokens': 0},
     }
     if body.get('stream'):
         return _stream(message)
     return JSONAnswer(200, message)
+
+
+def _tool_blocks(body: dict, calls: list, signer) -> list:
+    blocks = []
+    if _thinking_on(body):
+        text = f'I will call {", ".join(name for name, _ in calls)}.'
+        blocks.append({'type': 'thinking', 'thinking': text, 'signature': signer.sign(text)})
+    blocks += [{'type': 'tool_use', 'id': new_id('toolu_'), 'name': name, 'input': arguments}
+               for name, arguments in calls]
+    return blocks
 
 
 def _block_events(index: int, block: dict) -> list:
@@ -129,6 +204,9 @@ def _block_events(index: int, block: dict) -> list:
         deltas = [{'type': 'thinking_delta', 'thinking': t} for t in text_chunks(block['thinking'])]
         deltas.append({'type': 'signature_delta', 'signature': block['signature']})
         start = {'type': 'thinking', 'thinking': '', 'signature': ''}
+    elif kind == 'tool_use':
+        deltas = [{'type': 'input_json_delta', 'partial_json': t} for t in argument_chunks(block['input'])]
+        start = dict(block, input={})
     else:
         deltas = [{'type': 'text_delta', 'text': t} for t in text_chunks(block['text'])]
         start = {'type': 'text', 'text': ''}
@@ -149,7 +227,7 @@ def _stream(message: dict) -> StreamAnswer:
         if index == 0:
             events.insert(2, ('ping', {'type': 'ping'}))
     events.append(('message_delta', {'type': 'message_delta',
-                                     'delta': {'stop_reason': 'end_turn', 'stop_sequence': None},
+                                     'delta': {'stop_reason': message['stop_reason'], 'stop_sequence': None},
                                      'usage': {'output_tokens': usage['output_tokens']}}))
     events.append(('message_stop', {'type': 'message_stop'}))
     first = next(i for i, (name, _) in enumerate(events) if name == 'content_block_delta')

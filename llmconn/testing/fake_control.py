@@ -69,6 +69,10 @@ class FakeProviderProcess:
         """The recorded provider requests, oldest first."""
         return self._control('GET', 'requests')
 
+    @property
+    def violations(self) -> list[dict]:
+        return self._control('GET', 'violations')
+
     def clear(self) -> None:
         self._control('DELETE', 'requests')
 

@@ -2,15 +2,23 @@
 
 With ``generationConfig.thinkingConfig.includeThoughts`` and a last user text
 starting with ``think:``, the reply opens with a ``thought: true`` part.
+
+Tools (see :mod:`llmconn.testing.fake_tools`): calls come as ``functionCall``
+parts without ids, each carrying a ``thoughtSignature`` as thinking models
+give them. As Gemini 3 does, every function call of the current turn (since
+the last user text) must come back with its signature intact, and a
+function-call content must be answered by as many ``functionResponse`` parts.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from llmconn.testing.fake_common import (
     THINK_PREFIX, ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id, reply_text,
     require_json_object, text_chunks)
+from llmconn.testing.fake_tools import decide, signed_call, violation
 
 NAME = 'gemini'
 MODELS = ('gemini-2.5-flash', 'gemini-2.5-pro')
@@ -62,22 +70,69 @@ def _validate(body: dict) -> list:
     return contents
 
 
+def _parts(content: dict, key: str) -> list:
+    parts = content.get('parts') if isinstance(content, dict) else None
+    return [p for p in parts if isinstance(p, dict) and key in p] if isinstance(parts, list) else []
+
+
+def _check_function_turns(contents: list, call: Call) -> None:
+    """Signatures on the current turn's calls, and as many responses as calls."""
+    texts = [i for i, c in enumerate(contents) if c.get('role', 'user') == 'user' and _parts(c, 'text')]
+    current = texts[-1] if texts else 0
+    for i, content in enumerate(contents):
+        calls = _parts(content, 'functionCall') if content.get('role') == 'model' else []
+        for position, part in enumerate(calls):
+            function = part['functionCall'] if isinstance(part['functionCall'], dict) else {}
+            signed = signed_call(function.get('name'), function.get('args') or {})
+            if i > current and not call.state.signer.verify(signed, part.get('thoughtSignature')):
+                raise violation(call, 'gemini: thought signature', error(
+                    400, f'Function call is missing a thought_signature in functionCall parts. This is required '
+                         f'for tools to work correctly, and missing thought_signature may lead to degraded model '
+                         f'performance. Additional data, function call `default_api:{function.get("name")}` , '
+                         f'position {position + 1}. Please refer to '
+                         f'https://ai.google.dev/gemini-api/docs/thought-signatures for more details.'))
+        following = contents[i + 1] if i + 1 < len(contents) else None
+        if calls and following is not None and len(_parts(following, 'functionResponse')) != len(calls):
+            raise violation(call, 'gemini: function responses', error(
+                400, 'Please ensure that the number of function response parts is equal to the number of '
+                     'function call parts of the function call turn.'))
+
+
+def _response_text(part: dict) -> str:
+    response = (part.get('functionResponse') or {}).get('response')
+    if not isinstance(response, dict):
+        return ''
+    value = next(iter(response.values()), '') if len(response) == 1 else response
+    return value if isinstance(value, str) else json.dumps(value, separators=(',', ':'))
+
+
 def generate_content(call: Call) -> JSONAnswer | StreamAnswer:
     body = require_json_object(call, error)
     contents = _validate(body)
-    users = [_parts_text(c) for c in contents if c.get('role', 'user') == 'user']
+    _check_function_turns(contents, call)
+    users = [_parts_text(c) for c in contents if c.get('role', 'user') == 'user' and _parts(c, 'text')]
+    outputs = [_response_text(p) for p in _parts(contents[-1], 'functionResponse')]
+    declared = [d.get('name') for t in body.get('tools') or () if isinstance(t, dict)
+                for d in t.get('functionDeclarations') or () if isinstance(d, dict)]
     system = _parts_text(body.get('systemInstruction') or body.get('system_instruction'))
-    text = reply_text(users, bool(system))
-    parts = [{'text': text}]
+    action = decide(users[-1] if users else '', outputs, declared)
+    if isinstance(action, list):
+        signer = call.state.signer
+        parts = [{'functionCall': {'name': n, 'args': a}, 'thoughtSignature': signer.sign(signed_call(n, a))}
+                 for n, a in action]
+        text = ''
+    else:
+        text = action if isinstance(action, str) else reply_text(users, bool(system))
+        parts = [{'text': text}]
     thinking = ((body.get('generationConfig') or {}).get('thinkingConfig') or {}).get('includeThoughts')
     last_user = users[-1] if users else ''
-    if thinking and last_user.startswith(THINK_PREFIX):
+    if thinking and last_user.startswith(THINK_PREFIX) and not outputs and text:
         parts.insert(0, {'text': f'Thinking about: {last_user[len(THINK_PREFIX):].strip()}', 'thought': True})
     prompt = count_words(system, *(_parts_text(c) for c in contents))
     usage = {'promptTokenCount': prompt, 'candidatesTokenCount': count_words(text),
-             'totalTokenCount': prompt + count_words(*(p['text'] for p in parts)),
+             'totalTokenCount': prompt + count_words(*(p.get('text', '') for p in parts)),
              'promptTokensDetails': [{'modality': 'TEXT', 'tokenCount': prompt}]}
-    if len(parts) > 1:
+    if parts[0].get('thought'):
         usage['thoughtsTokenCount'] = count_words(parts[0]['text'])
     head = {'modelVersion': call.params['model'], 'responseId': new_id('')}
     if call.params['method'] == 'streamGenerateContent':
@@ -87,7 +142,8 @@ def generate_content(call: Call) -> JSONAnswer | StreamAnswer:
 
 
 def _stream(head: dict, parts: list, usage: dict, sse: bool) -> JSONAnswer | StreamAnswer:
-    pieces = [dict(part, text=t) for part in parts for t in text_chunks(part['text'])]
+    pieces = [dict(part, text=t) if 'text' in part else part
+              for part in parts for t in (text_chunks(part['text']) if 'text' in part else [None])]
     opening = {'promptTokenCount': usage['promptTokenCount'], 'totalTokenCount': usage['promptTokenCount']}
     chunks = []
     for i, piece in enumerate(pieces):

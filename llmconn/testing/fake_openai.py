@@ -2,15 +2,22 @@
 
 Also the home of the OpenAI error shape and auth check, which the fake
 Responses API shares.
+
+Tools (see :mod:`llmconn.testing.fake_tools`): calls come as the assistant
+message's ``tool_calls`` (streamed as argument deltas per call ``index``),
+and every ``role: tool`` message must answer a call id of the assistant
+message before it, each of which must be answered.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from llmconn.testing.fake_common import (
     ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id, now, reply_text,
     require_json_object, text_chunks)
+from llmconn.testing.fake_tools import argument_chunks, decide, violation
 
 NAME = 'openai'
 MODELS = ('gpt-4o-mini', 'gpt-4.1', 'gpt-5', 'o4-mini')
@@ -64,6 +71,27 @@ def content_text(content: Any) -> str:
     return ''
 
 
+def _check_tool_answers(messages: list, call: Call) -> None:
+    """Tool messages answer exactly the call ids of the assistant message before them."""
+    open_ids: list = []
+    for i, message in enumerate(messages + [{'role': 'end'}]):
+        role = message.get('role')
+        if role == 'tool':
+            if message.get('tool_call_id') not in open_ids:
+                raise violation(call, 'openai: tool message without its call', error(
+                    400, "Invalid parameter: messages with role 'tool' must be a response to a preceeding "
+                         "message with 'tool_calls'.", f'messages.[{i}].role'))
+            open_ids.remove(message['tool_call_id'])
+            continue
+        if open_ids:
+            raise violation(call, 'openai: call without tool message', error(
+                400, f"An assistant message with 'tool_calls' must be followed by tool messages responding to "
+                     f"each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+                     f"{', '.join(open_ids)}", f'messages.[{i}].role'))
+        open_ids = [c.get('id') for c in message.get('tool_calls') or () if isinstance(c, dict)] \
+            if role == 'assistant' else []
+
+
 def _validate(body: dict) -> list:
     if not body.get('model'):
         raise error(400, 'you must provide a model parameter')
@@ -92,11 +120,23 @@ def _validate(body: dict) -> list:
 def chat_completions(call: Call) -> JSONAnswer | StreamAnswer:
     body = require_json_object(call, error)
     messages = _validate(body)
+    _check_tool_answers(messages, call)
     texts = [content_text(m.get('content')) for m in messages]
     users = [t for m, t in zip(messages, texts) if m['role'] == 'user']
     system = any(t for m, t in zip(messages, texts) if m['role'] in SYSTEM_ROLES)
-    text = reply_text(users, system)
-    prompt, completion = count_words(*texts), count_words(text)
+    outputs = []
+    for message, text in zip(reversed(messages), reversed(texts)):
+        if message['role'] != 'tool':
+            break
+        outputs.insert(0, text)
+    declared = [(t.get('function') or {}).get('name') for t in body.get('tools') or () if isinstance(t, dict)]
+    action = decide(users[-1] if users else '', outputs, declared)
+    calls = action if isinstance(action, list) else []
+    text = action if isinstance(action, str) else '' if calls else reply_text(users, system)
+    tool_calls = [{'id': new_id('call_'), 'type': 'function',
+                   'function': {'name': name, 'arguments': json.dumps(args, separators=(',', ':'))}}
+                  for name, args in calls]
+    prompt, completion = count_words(*texts), max(1, count_words(text))
     usage = {'prompt_tokens': prompt, 'completion_tokens': completion, 'total_tokens': prompt + completion,
              'prompt_tokens_details': {'cached_tokens': 0, 'audio_tokens': 0},
              'completion_tokens_details': {'reasoning_tokens': 0, 'audio_tokens': 0,
@@ -106,13 +146,27 @@ def chat_completions(call: Call) -> JSONAnswer | StreamAnswer:
             'system_fingerprint': 'fp_fake', 'service_tier': 'default'}
     if body.get('stream'):
         include_usage = bool((body.get('stream_options') or {}).get('include_usage'))
-        return _stream(head, text, usage if include_usage else None)
-    message = {'role': 'assistant', 'content': text, 'refusal': None, 'annotations': []}
-    choice = {'index': 0, 'message': message, 'logprobs': None, 'finish_reason': 'stop'}
+        return _stream(head, text, usage if include_usage else None, tool_calls)
+    message = {'role': 'assistant', 'content': text or None, 'refusal': None, 'annotations': []}
+    if tool_calls:
+        message['tool_calls'] = tool_calls
+    choice = {'index': 0, 'message': message, 'logprobs': None,
+              'finish_reason': 'tool_calls' if tool_calls else 'stop'}
     return JSONAnswer(200, dict(head, object='chat.completion', choices=[choice], usage=usage))
 
 
-def _stream(head: dict, text: str, usage: dict | None) -> StreamAnswer:
+def _call_deltas(tool_calls: list) -> list[dict]:
+    deltas = []
+    for index, tool_call in enumerate(tool_calls):
+        function = tool_call['function']
+        deltas.append({'tool_calls': [{'index': index, 'id': tool_call['id'], 'type': 'function',
+                                       'function': {'name': function['name'], 'arguments': ''}}]})
+        deltas += [{'tool_calls': [{'index': index, 'function': {'arguments': piece}}]}
+                   for piece in argument_chunks(json.loads(function['arguments']))]
+    return deltas
+
+
+def _stream(head: dict, text: str, usage: dict | None, tool_calls: list) -> StreamAnswer:
     def chunk(delta: dict | None, finish: str | None = None) -> tuple:
         data = dict(head, object='chat.completion.chunk')
         data['choices'] = [] if delta is None else [
@@ -123,8 +177,10 @@ def _stream(head: dict, text: str, usage: dict | None) -> StreamAnswer:
         return '', data
 
     events = [chunk({'role': 'assistant', 'content': '', 'refusal': None})]
-    events += [chunk({'content': piece}) for piece in text_chunks(text)]
-    events.append(chunk({}, 'stop'))
+    if text:
+        events += [chunk({'content': piece}) for piece in text_chunks(text)]
+    events += [chunk(delta) for delta in _call_deltas(tool_calls)]
+    events.append(chunk({}, 'tool_calls' if tool_calls else 'stop'))
     if usage is not None:
         events.append(chunk(None))
     events.append(('', '[DONE]'))

@@ -6,14 +6,23 @@ user messages of the whole chain). A request with ``reasoning`` gets a
 reasoning item with a summary first; ``include: ["reasoning.encrypted_content"]``
 adds a sealed ``encrypted_content`` that is verified when replayed. A
 replayed reasoning item without it must name an item this server stored.
+
+Tools (see :mod:`llmconn.testing.fake_tools`): calls come as
+``function_call`` items (after a reasoning item when ``reasoning`` is set),
+answered by ``function_call_output`` items whose ``call_id`` must name a call
+in the input or the chain; a function call this server issued after a
+reasoning item must come back preceded by that reasoning item.
 """
 
 from __future__ import annotations
+
+import json
 
 from llmconn.testing.fake_common import (
     Call, JSONAnswer, StreamAnswer, count_words, new_id, now, numbered, reply_text,
     require_json_object, text_chunks)
 from llmconn.testing.fake_openai import SYSTEM_ROLES, content_text, empty_array, error, missing
+from llmconn.testing.fake_tools import argument_chunks, decide, violation
 
 ROLES = ('user', 'assistant', 'system', 'developer')
 ENCRYPTED_REASONING = 'reasoning.encrypted_content'
@@ -33,26 +42,53 @@ def _previous(call: Call, body: dict) -> dict | None:
 def _check_reasoning_item(call: Call, item: dict) -> None:
     if 'encrypted_content' in item and item['encrypted_content'] is not None:
         if call.state.signer.unseal(item['encrypted_content']) is None:
-            raise error(400, f"The encrypted content for item {item.get('id')} could not be verified.",
-                        None, 'invalid_encrypted_content')
+            raise violation(call, 'responses: encrypted reasoning', error(
+                400, f"The encrypted content for item {item.get('id')} could not be verified.",
+                None, 'invalid_encrypted_content'))
     elif item.get('id') not in call.state.items:
         raise error(404, f"Item with id '{item.get('id')}' not found. Items are not persisted when "
                          f'`store` is set to false. Try again with `store` set to true, or remove this '
                          f'item from your input.', 'input')
 
 
-def _input_messages(call: Call, body: dict) -> list[tuple[str, str]]:
-    """``(role, text)`` of every input message; replayed reasoning items are verified."""
+def _check_function_call(call: Call, raw: list, i: int, item: dict) -> None:
+    """A function call issued after a reasoning item comes back right after that reasoning item."""
+    reasoning_id = call.state.call_reasoning.get(item.get('id'))
+    if reasoning_id is None:
+        return
+    before = [x.get('id') for x in raw[:i] if isinstance(x, dict) and x.get('type') == 'reasoning']
+    if reasoning_id not in before:
+        raise violation(call, 'responses: reasoning before function_call', error(
+            400, f"Item '{item.get('id')}' of type 'function_call' was provided without its required "
+                 f"'reasoning' item: '{reasoning_id}'.", 'input'))
+
+
+def _input_messages(call: Call, body: dict, known_calls: set) -> tuple[list, list, set]:
+    """``(role, text)`` of every input message, the trailing function outputs and the call ids.
+
+    Replayed reasoning items and function calls are verified; every output must answer a known call.
+    """
     raw = body['input']
     if isinstance(raw, str):
-        return [('user', raw)]
+        return [('user', raw)], [], set()
     if not isinstance(raw, list):
         raise error(400, "Invalid type for 'input': expected a string or an array.", 'input', 'invalid_type')
-    messages = []
+    messages, outputs, call_ids = [], [], set()
     for i, item in enumerate(raw):
         kind = item.get('type', 'message') if isinstance(item, dict) else None
+        if kind != 'function_call_output':
+            outputs = []
         if kind == 'reasoning':
             _check_reasoning_item(call, item)
+        elif kind == 'function_call':
+            _check_function_call(call, raw, i, item)
+            call_ids.add(item.get('call_id'))
+        elif kind == 'function_call_output':
+            if item.get('call_id') not in call_ids | known_calls:
+                raise violation(call, 'responses: output without its call', error(
+                    400, f"No tool call found for function call output with call_id {item.get('call_id')}.",
+                    'input'))
+            outputs.append(item.get('output') if isinstance(item.get('output'), str) else '')
         elif kind == 'message':
             role = item.get('role')
             if role not in ROLES:
@@ -62,7 +98,27 @@ def _input_messages(call: Call, body: dict) -> list[tuple[str, str]]:
         elif kind is None:
             raise error(400, f"Invalid type for 'input[{i}]': expected an object.", f'input[{i}]',
                         'invalid_type')
-    return messages
+    return messages, outputs, call_ids
+
+
+def _calls_output(body: dict, calls: list, signer, state) -> list:
+    output = []
+    reasoning_id = None
+    if body.get('reasoning') is not None:
+        summary = f'Calling {", ".join(name for name, _ in calls)}'
+        item = {'id': new_id('rs_'), 'type': 'reasoning', 'summary': [{'type': 'summary_text', 'text': summary}]}
+        if ENCRYPTED_REASONING in (body.get('include') or ()):
+            item['encrypted_content'] = signer.seal(summary)
+        output.append(item)
+        reasoning_id = item['id']
+    for name, arguments in calls:
+        item = {'id': new_id('fc_'), 'type': 'function_call', 'status': 'completed', 'call_id': new_id('call_'),
+                'name': name, 'arguments': json.dumps(arguments, separators=(',', ':'))}
+        if reasoning_id:
+            with state.lock:
+                state.call_reasoning[item['id']] = reasoning_id
+        output.append(item)
+    return output
 
 
 def _output(body: dict, text: str, last_user: str, signer) -> list:
@@ -99,14 +155,23 @@ def responses(call: Call) -> JSONAnswer | StreamAnswer:
     body = require_json_object(call, error)
     _validate(body)
     previous = _previous(call, body)
-    current = _input_messages(call, body)
+    known = set(previous.get('call_ids', ())) if previous else set()
+    current, outputs, call_ids = _input_messages(call, body, known)
     context = (previous['context'] if previous else []) + current
     users = [text for role, text in context if role == 'user']
     instructions = body.get('instructions') or ''
-    text = reply_text(users, bool(instructions) or any(t for r, t in current if r in SYSTEM_ROLES))
-    output = _output(body, text, users[-1] if users else '', call.state.signer)
+    declared = [t.get('name') for t in body.get('tools') or () if isinstance(t, dict) and t.get('type') == 'function']
+    action = decide(users[-1] if users else '', outputs, declared)
+    if isinstance(action, list):
+        text = ''
+        output = _calls_output(body, action, call.state.signer, call.state)
+    else:
+        text = action if isinstance(action, str) else reply_text(
+            users, bool(instructions) or any(t for r, t in current if r in SYSTEM_ROLES))
+        output = _output(body, text, users[-1] if users else '', call.state.signer)
     reasoning_tokens = sum(count_words(s['text']) for o in output for s in o.get('summary', ()))
-    usage = _usage(count_words(instructions, *(t for _, t in context)), count_words(text), reasoning_tokens)
+    usage = _usage(count_words(instructions, *(t for _, t in context), *outputs), max(1, count_words(text)),
+                   reasoning_tokens)
     response = {
         'id': new_id('resp_'), 'object': 'response', 'created_at': now(), 'completed_at': now(),
         'status': 'completed', 'error': None, 'incomplete_details': None, 'instructions': body.get('instructions'),
@@ -114,11 +179,14 @@ def responses(call: Call) -> JSONAnswer | StreamAnswer:
         'parallel_tool_calls': True, 'previous_response_id': body.get('previous_response_id'),
         'reasoning': body.get('reasoning') or {'effort': None, 'summary': None},
         'store': body.get('store') is not False, 'temperature': 1.0, 'text': {'format': {'type': 'text'}},
-        'tool_choice': 'auto', 'tools': [], 'top_p': 1.0, 'truncation': 'disabled', 'usage': usage,
-        'metadata': body.get('metadata') or {},
+        'tool_choice': 'auto', 'tools': body.get('tools') or [], 'top_p': 1.0, 'truncation': 'disabled',
+        'usage': usage, 'metadata': body.get('metadata') or {},
     }
     if response['store']:
-        call.state.store_response(response['id'], {'response': response, 'context': context + [('assistant', text)]},
+        issued = {o['call_id'] for o in output if o['type'] == 'function_call'}
+        said = [('assistant', text)] if text else []
+        call.state.store_response(response['id'], {'response': response, 'context': context + said,
+                                                   'call_ids': sorted(known | call_ids | issued)},
                                   [item['id'] for item in output])
     if body.get('stream'):
         return _stream(response)
@@ -169,11 +237,25 @@ def _message_events(index: int, item: dict) -> list:
     return events
 
 
+def _call_events(index: int, item: dict) -> list:
+    where = {'item_id': item['id'], 'output_index': index}
+    events = [_event('response.output_item.added', output_index=index,
+                     item=dict(item, status='in_progress', arguments=''))]
+    events += [_event('response.function_call_arguments.delta', delta=d, **where)
+               for d in argument_chunks(json.loads(item['arguments']))]
+    events += [_event('response.function_call_arguments.done', arguments=item['arguments'], **where),
+               _event('response.output_item.done', output_index=index, item=item)]
+    return events
+
+
+_item_events = {'reasoning': _reasoning_events, 'message': _message_events, 'function_call': _call_events}
+
+
 def _stream(response: dict) -> StreamAnswer:
     pending = dict(response, status='in_progress', output=[], usage=None, completed_at=None)
     events = [_event('response.created', response=pending), _event('response.in_progress', response=pending)]
     for index, item in enumerate(response['output']):
-        events += (_reasoning_events if item['type'] == 'reasoning' else _message_events)(index, item)
+        events += _item_events[item['type']](index, item)
     events.append(_event('response.completed', response=response))
     events = numbered(events)
     first = next(i for i, (name, _) in enumerate(events) if name.endswith('.delta'))

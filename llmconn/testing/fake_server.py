@@ -17,7 +17,8 @@ latency in its own greenlet, so concurrent requests overlap.
 Control API (what the in-process methods do, for other processes)::
 
     GET    /_fake/requests      recorded requests, oldest first
-    DELETE /_fake/requests      forget them
+    DELETE /_fake/requests      forget them (and the replay violations)
+    GET    /_fake/violations    requests refused for breaking a replay rule (see fake_tools)
     POST   /_fake/faults        {"status": 429, "count": 1, "headers": {...}, "body": {...}}
                                 {"hang": 2.0} | {"garbage": true} | {"stream_break": true} | {"stream_error": true}
     DELETE /_fake/faults        drop queued faults
@@ -171,8 +172,14 @@ class FakeProviderServer:
     def requests(self) -> list[dict]:
         return self.state.snapshot()
 
+    @property
+    def violations(self) -> list[dict]:
+        """Requests refused for breaking a provider's replay rules (cleared with the requests)."""
+        with self.state.lock:
+            return list(self.state.violations)
+
     def clear(self) -> None:
-        """Forget the recorded requests."""
+        """Forget the recorded requests and violations."""
         self.state.clear()
 
     # Faults and latency

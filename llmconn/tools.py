@@ -1,0 +1,234 @@
+"""Tools the model may call: definitions, the checks made before dispatch, and running them.
+
+A tool is a :class:`Tool` (name, description, JSON Schema ``parameters``,
+and a ``function``, or None for a manual tool whose outputs the caller
+gives) or a plain Python callable, whose schema pydantic derives from its
+type hints and whose description is its docstring.
+
+Everything about the definitions is checked before any network call
+(:func:`prepare`): names, uniqueness, a valid draft 2020-12 object schema
+within the size and depth limits, and hosted tools only where the
+connection lists them. When the model calls a tool, its arguments are
+validated against the schema before the function runs; an invalid call or
+a function that raises is answered with an error output the model reads,
+never an error of the call (:func:`run`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import re
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import jsonschema
+import pydantic
+
+from llmconn.errors import InvalidInput
+
+NAME_PATTERN = re.compile(r'^[a-zA-Z0-9_-]{1,64}$')
+MAX_SCHEMA_BYTES = 64 * 1024
+MAX_SCHEMA_DEPTH = 16
+MAX_OUTPUT_CHARS = 1_000_000       # one output; as much as one message may carry
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call; ``function=None`` makes it manual (the caller answers)."""
+
+    name: str
+    description: str = ''
+    parameters: dict = field(default_factory=lambda: {'type': 'object', 'properties': {}})
+    function: Callable | None = None
+
+    def __repr__(self) -> str:
+        return f'<Tool {self.name!r}{" manual" if self.function is None else ""}>'
+
+    @classmethod
+    def from_callable(cls, function: Callable) -> 'Tool':
+        """A tool from a Python callable: its name, its docstring, its type hints as the schema.
+
+        Deriving the schema takes pydantic a while, so each function's tool is made once.
+        """
+        try:
+            return _from_callable[function]
+        except (KeyError, TypeError):
+            pass
+        tool = cls._derive(function)
+        try:
+            _from_callable[function] = tool
+        except TypeError:
+            pass        # not weakly referable (a builtin): derived on every call
+        return tool
+
+    @classmethod
+    def _derive(cls, function: Callable) -> 'Tool':
+        name = getattr(function, '__name__', '') or type(function).__name__
+        doc = inspect.getdoc(function) or ''
+        return cls(name=name, description=doc.strip(), parameters=schema_of(function), function=function)
+
+
+_from_callable: 'weakref.WeakKeyDictionary[Callable, Tool]' = weakref.WeakKeyDictionary()
+
+
+def schema_of(function: Callable) -> dict:
+    """The JSON Schema of a callable's parameters, from its type hints (pydantic)."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError) as e:
+        raise InvalidInput(f'tool {function!r}: cannot read its signature ({e}); wrap it in llmconn.Tool '
+                           f'with an explicit parameters schema') from None
+    fields: dict[str, Any] = {}
+    for name, param in signature.parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        annotation = Any if param.annotation is param.empty else param.annotation
+        default = ... if param.default is param.empty else param.default
+        fields[name] = (annotation, default)
+    try:
+        model = pydantic.create_model(f'{getattr(function, "__name__", "tool")}_args', **fields)
+        schema = model.model_json_schema()
+    except (pydantic.PydanticUserError, pydantic.PydanticSchemaGenerationError, TypeError, NameError) as e:
+        raise InvalidInput(f'tool {function!r}: its type hints do not make a JSON Schema ({e}); use '
+                           f'JSON-able hints (str, int, float, bool, list, dict, pydantic models) or '
+                           f'llmconn.Tool with an explicit schema') from None
+    schema.pop('title', None)
+    for prop in schema.get('properties', {}).values():
+        prop.pop('title', None)
+    return schema
+
+
+def prepare(tools: Any) -> tuple[Tool, ...]:
+    """``tools=`` as checked :class:`Tool` objects, or :class:`InvalidInput` saying what is wrong."""
+    if tools is None:
+        return ()
+    if isinstance(tools, (Tool, str, bytes, dict)) or callable(tools) and not isinstance(tools, (list, tuple)):
+        raise InvalidInput('tools must be a list of callables or llmconn.Tool objects, e.g. tools=[get_order]')
+    prepared = []
+    for tool in tools:
+        if isinstance(tool, Tool):
+            prepared.append(tool)
+        elif isinstance(tool, dict):
+            raise InvalidInput(f'tools: {_short(tool)} is a dict; provider-native (hosted) tools are declared '
+                               f'in the connection\'s hosted_tools, functions as callables or llmconn.Tool')
+        elif callable(tool):
+            prepared.append(Tool.from_callable(tool))
+        else:
+            raise InvalidInput(f'tools: {_short(tool)} is neither a callable nor an llmconn.Tool')
+    seen: set[str] = set()
+    for tool in prepared:
+        check(tool)
+        if tool.name in seen:
+            raise InvalidInput(f'tools: the name "{tool.name}" is given twice; tool names must be unique')
+        seen.add(tool.name)
+    return tuple(prepared)
+
+
+def check(tool: Tool) -> None:
+    """Name, description and schema of one tool, as the providers will demand them."""
+    if not isinstance(tool.name, str) or not NAME_PATTERN.match(tool.name):
+        raise InvalidInput(f'tool name {tool.name!r} is invalid: use 1 to 64 letters, digits, "_" or "-"')
+    if not isinstance(tool.description, str):
+        raise InvalidInput(f'tool "{tool.name}": description must be a str')
+    if tool.function is not None and not callable(tool.function):
+        raise InvalidInput(f'tool "{tool.name}": function must be callable, or None for a manual tool')
+    check_schema(tool.name, tool.parameters)
+
+
+def check_schema(name: str, schema: Any) -> None:
+    if not isinstance(schema, dict) or schema.get('type') != 'object':
+        raise InvalidInput(f'tool "{name}": parameters must be a JSON Schema object with "type": "object"')
+    try:
+        text = json.dumps(schema, sort_keys=True)
+    except RecursionError:
+        raise InvalidInput(f'tool "{name}": parameters nests deeper than the limit of {MAX_SCHEMA_DEPTH} '
+                           f'levels; flatten the schema') from None
+    except (TypeError, ValueError) as e:
+        raise InvalidInput(f'tool "{name}": parameters is not JSON ({e})') from None
+    _check_schema_text(name, text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_schema_text(name: str, text: str) -> None:
+    """The checks of one serialized schema; a schema that passed is not checked again."""
+    schema = json.loads(text)
+    size = len(text.encode('utf-8'))
+    if size > MAX_SCHEMA_BYTES:
+        raise InvalidInput(f'tool "{name}": parameters is {size} bytes serialized, more than the limit of '
+                           f'{MAX_SCHEMA_BYTES}; simplify the schema')
+    depth = _depth(schema)
+    if depth > MAX_SCHEMA_DEPTH:
+        raise InvalidInput(f'tool "{name}": parameters nests {depth} levels deep, more than the limit of '
+                           f'{MAX_SCHEMA_DEPTH}; flatten the schema')
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        raise InvalidInput(f'tool "{name}": parameters is not a valid JSON Schema (draft 2020-12): '
+                           f'{e.message}') from None
+
+
+def check_hosted(hosted: Iterable[dict], allowed: Iterable[dict]) -> tuple[dict, ...]:
+    """Hosted tools asked for in a call: each must be one the connection lists in hosted_tools."""
+    allowed = list(allowed)
+    for tool in hosted:
+        if tool not in allowed:
+            raise InvalidInput(f'hosted tool {_short(tool)} is not listed in this connection\'s hosted_tools; '
+                               f'add it there to allow it')
+    return tuple(hosted)
+
+
+def _depth(value: Any, level: int = 1) -> int:
+    if isinstance(value, dict):
+        return max([level] + [_depth(v, level + 1) for v in value.values()])
+    if isinstance(value, list):
+        return max([level] + [_depth(v, level + 1) for v in value])
+    return level - 1 if level > 1 else level
+
+
+def run(tool: Tool | None, name: str, arguments: Any) -> tuple[str, bool]:
+    """Run one call: ``(output, is_error)``; never raises for the tool's own failures."""
+    if tool is None:
+        return f'error: there is no tool named "{name}"', True
+    errors = validation_errors(tool, arguments)
+    if errors:
+        return f'error: invalid arguments for {name}: {errors}', True
+    try:
+        result = tool.function(**arguments)
+    except Exception as e:      # the tool's failure is the model's to read, not the caller's
+        return f'error: {type(e).__name__}: {e}', True
+    return _as_output(result), False
+
+
+def validation_errors(tool: Tool, arguments: Any) -> str:
+    """'' when ``arguments`` validate against the tool's schema, else what is wrong."""
+    if not isinstance(arguments, dict):
+        return f'arguments must be a JSON object, got {_short(arguments)}'
+    validator = _validator(json.dumps(tool.parameters, sort_keys=True))
+    problems = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
+    return '; '.join(f'{"/".join(map(str, e.path)) or "(root)"}: {e.message}' for e in problems[:5])
+
+
+@functools.lru_cache(maxsize=1024)
+def _validator(text: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json.loads(text))
+
+
+def _as_output(result: Any) -> str:
+    if isinstance(result, str):
+        text = result
+    elif isinstance(result, pydantic.BaseModel):
+        text = result.model_dump_json()
+    else:
+        try:
+            text = json.dumps(result, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            text = str(result)
+    return text[:MAX_OUTPUT_CHARS]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + '...'
