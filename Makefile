@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(PY) bench/bench.py $(BENCH_ARGS)
 	$(PY) bench/usage_bench.py $(BENCH_ARGS)
 	$(PY) bench/bench_metrics.py $(BENCH_ARGS)
+	$(PY) bench/bench_gateway.py $(BENCH_ARGS)
 
 bench-gateway: $(STAMP)
 	$(PY) bench/bench_gateway.py $(BENCH_ARGS)

@@ -103,18 +103,38 @@ def run_block(ways: dict, way: str, clients: int, count: int) -> list[float]:
     return latencies
 
 
-def measure(ways: dict, clients: int, total: int) -> dict:
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time (user + system) the processes ``pids`` have used so far, from /proc."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+    return total
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its children (the workers of ``llmconn serve --workers``)."""
+    children = Path(f'/proc/{pid}/task/{pid}/children')
+    return [pid, *(int(c) for c in children.read_text().split())] if children.exists() else [pid]
+
+
+def measure(ways: dict, clients: int, total: int, gateway_pids: list[int]) -> dict:
     results: dict = {way: [] for way in ways}
     elapsed: dict = {way: 0.0 for way in ways}
+    cpu: dict = {way: 0.0 for way in ways}
     run_block(ways, 'direct', clients, min(total, clients * 4))     # warm the pools
     run_block(ways, 'chat', clients, min(total, clients * 4))
     for _ in range(BLOCKS):
         for way in ways:
-            started = time.perf_counter()
+            started, used = time.perf_counter(), cpu_seconds(gateway_pids)
             results[way] += run_block(ways, way, clients, total // BLOCKS)
             elapsed[way] += time.perf_counter() - started
-    return {way: {'p50': percentile(lat, 50), 'p99': percentile(lat, 99), 'rps': len(lat) / elapsed[way]}
-            for way, lat in results.items()}
+            cpu[way] += cpu_seconds(gateway_pids) - used
+    return {way: {'p50': percentile(lat, 50), 'p99': percentile(lat, 99), 'rps': len(lat) / elapsed[way],
+                  'cpu': cpu[way] / len(lat)} for way, lat in results.items()}
 
 
 def percentile(values: list[float], pct: int) -> float:
@@ -142,7 +162,8 @@ def main() -> int:
                            {'model': 'gpt-4.1', 'messages': QUESTION, 'max_tokens': 1024}, {}),
                 'chat': (f'{gateway}/chat/completions', {'model': 'Chat', 'messages': QUESTION}, auth),
                 'responses': (f'{gateway}/responses', {'model': 'Chat', 'input': 'hello gateway'}, auth)}
-        rows = [(clients, measure(ways, clients, REQUESTS[clients] // scale)) for clients in LEVELS]
+        pids = process_tree(server.pid)
+        rows = [(clients, measure(ways, clients, REQUESTS[clients] // scale, pids)) for clients in LEVELS]
     finally:
         stop(server)
         fake.stop()
@@ -153,14 +174,28 @@ def main() -> int:
 
 
 def print_table(rows: list) -> None:
+    """Latency added by the gateway, its CPU per request, and the part of the added latency that is queueing.
+
+    Every client waits for its answer before it asks again (a closed loop), so once the machine's
+    cores are busy a request's latency is clients / throughput: ``queue ms`` is the latency the
+    gateway adds through its lower throughput alone, clients × (1/rps − 1/rps direct). Where it
+    is close to +p50, the added latency is waiting for a core, and it falls only with the
+    gateway's CPU per request (``gw CPU ms``, the ``llmconn serve`` processes' CPU time per request).
+    """
     cores = os.cpu_count() or 1
     print(f'Gateway overhead against the fake provider ({cores} cores shared by client, gateway, provider, Redis)')
-    print(f'{"clients":>7} {"way":>10} {"p50 ms":>8} {"p99 ms":>8} {"req/s":>8} {"+p50 ms":>8} {"+p99 ms":>8}')
+    print(f'{"clients":>7} {"way":>10} {"p50 ms":>8} {"p99 ms":>8} {"req/s":>8} {"+p50 ms":>8} {"+p99 ms":>8} '
+          f'{"queue ms":>8} {"gw CPU ms":>9}  target')
     for clients, result in rows:
         direct = result['direct']
         for way, figures in result.items():
-            added = '' if way == 'direct' else \
-                f'{(figures["p50"] - direct["p50"]) * 1000:8.2f} {(figures["p99"] - direct["p99"]) * 1000:8.2f}'
+            added = ''
+            if way != 'direct':
+                plus50, plus99 = (figures["p50"] - direct["p50"]) * 1000, (figures["p99"] - direct["p99"]) * 1000
+                queue = clients * (1 / figures['rps'] - 1 / direct['rps']) * 1000
+                added = f'{plus50:8.2f} {plus99:8.2f} {queue:8.2f} {figures["cpu"] * 1000:9.2f}'
+                if clients == 50:
+                    added += f'  +p50 ≤ 1, +p99 ≤ 5: {"yes" if plus50 <= 1 and plus99 <= 5 else "NO"}'
             print(f'{clients:>7} {way:>10} {figures["p50"] * 1000:8.2f} {figures["p99"] * 1000:8.2f} '
                   f'{figures["rps"]:8.0f} {added}')
     print(f'per core: divide req/s by {cores}')

@@ -8,9 +8,10 @@ fastest block, since noise on a shared machine only ever adds time.
     .venv/bin/python bench/usage_bench.py [--quick]
 
 Target (SPEC §11): store cost per chat call with the ledger ≤ 1.05 × without.
-What the ledger adds to a save: its counters (a hash key, an expiry and three
-field/increment pairs) packed by redis-py with the script's other arguments,
-and three HINCRBY inside the script; no round trip.
+What the ledger adds to a save: a hash key and one argument carrying the expiry
+and three field/increment pairs (redis-py's packer costs about 1 µs per
+argument, so they travel as one string the script splits), and three HINCRBY
+inside the script; no round trip.
 """
 
 from __future__ import annotations

@@ -84,6 +84,31 @@ def test_scripts_lost_by_a_node_are_loaded_again(cluster, store, unique):
     assert [t.user for t in store.history(unique, 'c')] == ['m0', 'm1']
 
 
+def test_a_stale_slot_table_meets_moved_and_the_call_goes_through_redis_pys_routing(store, unique):
+    # The fast path sends to the master the slot table names; if that is the wrong one (a slot moved
+    # since the table was read), its MOVED reply hands the call to redis-py's path, which follows it.
+    say(store, unique, 'c', 'before')
+    client = store._runner.client
+    right = client.get_node_from_key(chat_keys(unique, 'c').lock)
+    wrong = next(node for node in client.get_primaries() if node.name != right.name)
+    real = client.get_node_from_key
+    sent_to_wrong = []
+
+    def stale(key, replica=False):
+        if not sent_to_wrong:
+            sent_to_wrong.append(key)
+            return wrong
+        return real(key, replica)
+
+    client.get_node_from_key = stale
+    try:
+        assert [t.user for t in say(store, unique, 'c', 'after')] == ['before']
+    finally:
+        del client.get_node_from_key
+    assert sent_to_wrong
+    assert [t.user for t in store.history(unique, 'c')] == ['before', 'after']
+
+
 def test_scan_finds_chats_on_every_master(store, unique):
     from llmconn.store.keys import encode
     for i in range(12):

@@ -177,3 +177,50 @@ def test_counters_count_once_per_saved_turn_even_when_the_save_is_resent(proxy, 
         assert store._runner.client.hgetall(ledger) == {b'calls': b'2', b'tokens': b'12'}
     finally:
         store.close()
+
+
+def test_a_counter_field_with_a_space_is_refused_before_anything_is_saved(redis_url, unique):
+    # The save script gets all increments as one space-separated argument: a field with a space
+    # would be split into other fields, so it is refused, and the lock is released as usual.
+    store = open_store(redis_url)
+    try:
+        ledger = chat_keys(unique, 'c').beside('usage')
+        with pytest.raises(ValueError, match='without spaces'):
+            with store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL) as lock:
+                lock.save(turn('one'), expiry=60, max_turns=10, counters=(ledger, {'input tokens': 7}))
+        assert store.history(unique, 'c') == []
+        assert store._runner.client.exists(ledger) == 0
+        store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0).release()    # the chat is free again
+    finally:
+        store.close()
+
+
+def test_counters_with_the_hash_expiry_set_it_once_on_the_first_new_field(redis_url, unique):
+    store = open_store(redis_url)
+    try:
+        ledger = chat_keys(unique, 'c').beside('usage')
+        for n in (3, 4):
+            store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(
+                turn(f'{n}'), expiry=60, max_turns=10, counters=(ledger, {'calls': 1, 'input_tokens': n}, 1000))
+            if n == 3:
+                store._runner.client.expire(ledger, 5000)       # a later save must not reset it
+        client = store._runner.client
+        assert client.hgetall(ledger) == {b'calls': b'2', b'input_tokens': b'7'}
+        assert 4000 < client.ttl(ledger) <= 5000
+    finally:
+        store.close()
+
+
+def test_a_durable_save_on_a_server_that_lost_its_scripts_loads_them_and_keeps_the_connection_in_step(
+        redis_server, unique):
+    # EVALSHA and WAIT go out in one send: a NOSCRIPT reply must not leave WAIT's reply unread.
+    store = open_store(redis_server.url, replicas=1, replica_timeout=0.05)
+    try:
+        lock = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+        redis.Redis(port=redis_server.port).script_flush()
+        with pytest.raises(StoreError, match='reached only 0 of 1'):      # this server has no replica
+            lock.save(turn('one'), expiry=60, max_turns=10)
+        assert [t.user for t in store.history(unique, 'c')] == ['one']
+        assert store._runner.client.ping() is True
+    finally:
+        store.close()

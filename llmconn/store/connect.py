@@ -17,7 +17,8 @@ from typing import Any, Callable
 from llmconn.errors import ConfigError
 from llmconn.store.history import ChatStore
 from llmconn.store.lock import ACQUIRE, FINISH, RENEW
-from llmconn.store.runner import ClusterRunner, PooledRunner, RedisRunner, SentinelRunner
+from llmconn.store.cluster import ClusterRunner
+from llmconn.store.runner import PooledRunner, RedisRunner, SentinelRunner
 from llmconn.store.urls import CLUSTER, MEMORY, SENTINEL, RedisTarget, parse_redis_url
 
 logger = logging.getLogger('llmconn.store')

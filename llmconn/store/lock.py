@@ -162,9 +162,11 @@ return {0, redis.call('PTTL', KEYS[1]), 0, entry}
 #   ARGV[3] - max stored turns, ARGV[4] - chat expiry (ms),
 #   ARGV[5] - '1' to replace the last stored turn (a pending one) instead of appending,
 #   ARGV[6] - our queue entry, when we give up waiting, or ''
-#   KEYS[5], ARGV[7..] (optional) - a hash in this slot (a usage ledger), ARGV[7] its
-#   expiry in s ('0' = none), ARGV[8..] field/increment pairs, counted with the saved turn,
-#   never for a re-sent save; the hash gets its expiry when the first pair's field is new
+#   KEYS[5], ARGV[7] (optional) - a hash in this slot (a usage ledger) and its increments as
+#   one string, "<expiry s> <field> <increment> <field> <increment> ...", space-separated
+#   (one argument: packing each pair separately cost more than the save's own arguments);
+#   counted with the saved turn, never for a re-sent save; the hash gets its expiry
+#   ('0' = none) when the first field is new
 # Returns 1 - saved (or released); 2 - this token's turn was saved before (a re-sent
 # save: nothing written again); 0 - the lock was not ours (nothing written).
 FINISH = """
@@ -189,10 +191,14 @@ if ARGV[2] ~= '' then
     redis.call('LPUSH', KEYS[4], ARGV[1])
     redis.call('LTRIM', KEYS[4], 0, 63)   -- SAVED_TOKENS - 1
     redis.call('PEXPIRE', KEYS[4], ARGV[4])
-    for i = 8, #ARGV, 2 do
-        local total = redis.call('HINCRBY', KEYS[5], ARGV[i], ARGV[i + 1])
-        if i == 8 and ARGV[7] ~= '0' and total == tonumber(ARGV[i + 1]) then
-            redis.call('EXPIRE', KEYS[5], ARGV[7])
+    if KEYS[5] then
+        local expiry, first = string.match(ARGV[7], '^(%d+)'), true
+        for field, n in string.gmatch(ARGV[7], ' (%S+) (%S+)') do
+            local total = redis.call('HINCRBY', KEYS[5], field, n)
+            if first and expiry ~= '0' and total == tonumber(n) then
+                redis.call('EXPIRE', KEYS[5], expiry)
+            end
+            first = false
         end
     end
 end
@@ -276,6 +282,14 @@ def _leave(store: 'ChatStore', keys: 'ChatKeys', token: str, entry: bytes) -> No
         logger.warning('Could not leave the queue of a busy chat; its entry lapses by itself: %s', exc)
 
 
+def _increments(increments: dict, expiry: float) -> str:
+    """FINISH's ARGV[7]: the expiry, then each field and its increment, space-separated."""
+    text = ' '.join([str(int(expiry)), *(f'{field} {int(amount)}' for field, amount in increments.items())])
+    if text.count(' ') != 2 * len(increments) or '  ' in text:
+        raise ValueError(f'counter fields must be non-empty and without spaces, not {list(increments)!r}')
+    return text
+
+
 class ChatLock:
     """A held chat: its window in ``turns``, then exactly one ``save`` or ``release``."""
 
@@ -317,8 +331,7 @@ class ChatLock:
         if counters:
             key, increments, *expiry_s = counters
             extra_key = (key,)
-            args += (int(expiry_s[0]) if expiry_s else 0,)
-            args += tuple(item for field, amount in increments.items() for item in (field, int(amount)))
+            args += (_increments(increments, expiry_s[0] if expiry_s else 0),)
         result = self._store._finish(self._keys, args, durable=True, extra_key=extra_key)
         # A StoreError above leaves _open set, so release() still tries to unlock.
         self._open = False

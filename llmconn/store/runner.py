@@ -9,7 +9,8 @@ many scripts (:meth:`Runner.scripts`).
 All of it is redis-py's own clients: ``redis.Redis`` for one node,
 ``Sentinel(...).master_for(...)`` for a Sentinel-managed master (its pool
 finds the master again after a failover), ``redis.cluster.RedisCluster`` for
-a cluster (slot routing, MOVED/ASK, topology refresh). Scripts are
+a cluster (slot routing, MOVED/ASK, topology refresh; its runner is in
+:mod:`llmconn.store.cluster`). Scripts are
 redis-py ``Script`` objects, so a server that lost its script cache (a
 promoted replica, a restart, a resharded slot) gets the script loaded again
 (NOSCRIPT). Connection handling - health checks, fork safety, TLS, AUTH -
@@ -22,11 +23,10 @@ the hot path's connections are never tied up by waiters.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MovedError, NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmconn.store.lock import BLOCK_CAP
@@ -106,13 +106,28 @@ class PooledRunner(RedisRunner):
             script.sha = self.client.script_load(script.script)
             return self._send(script.sha, keys, args)
 
-    def _send(self, sha: str, keys: tuple, args: tuple) -> Any:
+    def script_and_wait(self, name: str, keys: tuple, args: tuple, replicas: int, timeout_ms: int) -> tuple:
+        # EVALSHA and WAIT packed into one send on one pooled connection: redis-py's pipeline object
+        # cost more than the WAIT itself. NOSCRIPT: nothing ran (WAIT alone did), load and send both again.
+        script = self._scripts[name]
+        try:
+            return self._send(script.sha, keys, args, wait=(replicas, timeout_ms))
+        except NoScriptError:
+            script.sha = self.client.script_load(script.script)
+            return self._send(script.sha, keys, args, wait=(replicas, timeout_ms))
+
+    def _send(self, sha: str, keys: tuple, args: tuple, wait: tuple = ()) -> Any:
+        """EVALSHA (then ``WAIT *wait`` in the same send): its reply, or (reply, acks)."""
         pool = self.client.connection_pool
         for attempt in (1, 2):
             conn = pool.get_connection()
             try:
-                conn.send_command('EVALSHA', sha, len(keys), *keys, *args)
-                return conn.read_response()
+                if not wait:
+                    conn.send_command('EVALSHA', sha, len(keys), *keys, *args)
+                    return conn.read_response()
+                conn.send_packed_command(conn.pack_commands((('EVALSHA', sha, len(keys), *keys, *args),
+                                                             ('WAIT', *wait))))
+                return _two_replies(conn)
             except (RedisConnectionError, RedisTimeoutError):
                 conn.disconnect()
                 if attempt == 2:
@@ -127,6 +142,16 @@ class PooledRunner(RedisRunner):
         raise AssertionError('unreachable')
 
 
+def _two_replies(conn: Any) -> tuple:
+    """Both replies of a two-command send; an error reply of the first is raised once the second is read."""
+    try:
+        first = conn.read_response()
+    except ResponseError as exc:
+        conn.read_response()        # WAIT's reply: the connection stays in step
+        raise exc
+    return first, conn.read_response()
+
+
 class SentinelRunner(PooledRunner):
     """A master found through Sentinel; after a failover its pool asks the sentinels again.
 
@@ -134,85 +159,6 @@ class SentinelRunner(PooledRunner):
     master, now a replica) into a connection error, so the one retry lands
     on the new master. Everything else is :class:`PooledRunner`'s.
     """
-
-
-class ClusterRunner:
-    """A Redis Cluster through ``RedisCluster``, made on first use (its constructor reads the topology)."""
-
-    def __init__(self, make: Callable[[float | None], Any], sources: dict[str, str],
-                 socket_timeout: float) -> None:
-        self._make = make
-        self._socket_timeout = socket_timeout
-        self._sources = sources
-        self._lock = threading.Lock()
-        self._client: Any = None
-        self._blocking: Any = None
-        self._scripts: dict = {}
-
-    @property
-    def client(self) -> Any:
-        if self._client is None:
-            with self._lock:
-                if self._client is None:
-                    client = self._make(self._socket_timeout)
-                    self._scripts = {name: client.register_script(src) for name, src in self._sources.items()}
-                    self._client = client
-        return self._client
-
-    def _blocking_client(self) -> Any:
-        if self._blocking is None:
-            with self._lock:
-                if self._blocking is None:
-                    self._blocking = self._make(BLOCK_CAP + BLOCKING_SOCKET_MARGIN)
-        return self._blocking
-
-    def script(self, name: str, keys: tuple, args: tuple) -> Any:
-        client = self.client
-        return self._scripts[name](keys=keys, args=args, client=client)
-
-    def scripts(self, name: str, calls: list) -> list:
-        # A cluster pipeline refuses EVALSHA: one pipeline per node, on that node's own client.
-        client = self.client
-        by_node: dict[str, list[int]] = {}
-        nodes = {}
-        for i, (keys, _) in enumerate(calls):
-            node = client.get_node_from_key(keys[0])
-            nodes[node.name] = node
-            by_node.setdefault(node.name, []).append(i)
-        results: list = [None] * len(calls)
-        for name_, indexes in by_node.items():
-            try:
-                replies = _pipelined(client.get_redis_connection(nodes[name_]), self._scripts[name],
-                                     [calls[i] for i in indexes])
-            except Exception as exc:     # this node's locks fail this time; the others are renewed
-                replies = [exc] * len(indexes)
-            for i, reply in zip(indexes, replies):
-                results[i] = reply
-        return results
-
-    def script_and_wait(self, name: str, keys: tuple, args: tuple, replicas: int, timeout_ms: int) -> tuple:
-        # WAIT has no key: it must go to the node that ran the script, so both go to the slot's master
-        # on that node's own client. A moved slot or a dead node: refresh the topology, once more (the
-        # save script is idempotent by token, so sending it twice stores it once).
-        client = self.client
-        script = self._scripts[name]
-        for attempt in (1, 2):
-            node = client.get_redis_connection(client.get_node_from_key(keys[0]))
-            try:
-                return _script_and_wait(node, script, keys, args, replicas, timeout_ms)
-            except (MovedError, RedisConnectionError):
-                if attempt == 2:
-                    raise
-                client.nodes_manager.initialize()
-        raise AssertionError('unreachable')
-
-    def block(self, key: str, timeout: float) -> Any:
-        return self._blocking_client().blpop([key], timeout)
-
-    def close(self) -> None:
-        for client in (self._client, self._blocking):
-            if client is not None:
-                client.close()
 
 
 def _pipelined(client: Any, script: Any, calls: list) -> list:
@@ -248,4 +194,4 @@ def _script_and_wait(client: Any, script: Any, keys: tuple, args: tuple, replica
     raise AssertionError('unreachable')
 
 
-__all__ = ['ClusterRunner', 'RedisRunner', 'Runner', 'SentinelRunner']
+__all__ = ['PooledRunner', 'RedisRunner', 'Runner', 'SentinelRunner']
