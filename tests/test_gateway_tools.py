@@ -29,9 +29,14 @@ ASK = 'call get_order {"order_id": "A-17"}'
 RESPONSES_BACKENDS = ['Claude', 'ResponsesLocal', 'Gemini', 'Chat', 'Responses']
 
 
+# A backend that runs web search itself, and lists it.
+SEARCHING = '''  - {name: Searching, provider: openai-responses, model: gpt-5, address: "FAKE_URL/v1", max_retries: 0,
+     hosted_tools: [{type: web_search}]}'''
+
+
 @pytest.fixture(scope='module')
 def gw():
-    stack = GatewayStack(processes=1)
+    stack = GatewayStack(processes=1, extra_llm=SEARCHING)
     yield stack
     stack.close()
 
@@ -184,3 +189,27 @@ def test_a_tool_message_answering_no_call_is_400_before_dispatch(gw):
             {'role': 'user', 'content': ASK}, {'role': 'tool', 'tool_call_id': 'call_nobody', 'content': 'x'}])
     assert refused.value.body['code'] == 'unknown_call_id' and 'call_nobody' in refused.value.body['message']
     assert gw.fake.requests == []
+
+
+def test_a_hosted_tool_passes_only_where_the_key_and_the_backend_allow_it(gw):
+    gw.fake.clear()
+    answer = create(gw.client('a_search'), model='Searching', input='search the news', tools=[{'type': 'web_search'}])
+    assert answer.status == 'completed'
+    assert gw.fake.requests[-1]['body']['tools'] == [{'type': 'web_search'}]
+    gw.fake.clear()
+    for key, model in (('a', 'Searching'), ('a_search', 'ResponsesLocal')):
+        with pytest.raises(openai.BadRequestError) as refused:
+            gw.client(key).responses.create(model=model, input='search', tools=[{'type': 'web_search'}])
+        assert refused.value.body['code'] == 'hosted_tool_not_allowed'
+    assert gw.fake.requests == []
+
+
+def test_a_stateless_round_trip_sends_the_calls_back_in_the_input(gw):
+    client = gw.client()
+    first = create(client, model='Chat', input=ASK, tools=[ORDER_TOOL], store=False)
+    call = next(i for i in first.output if i.type == 'function_call')
+    gw.fake.clear()
+    second = create(client, model='Chat', tools=[ORDER_TOOL], store=False, input=[
+        {'role': 'user', 'content': ASK}, call.model_dump(exclude_none=True),
+        {'type': 'function_call_output', 'call_id': call.call_id, 'output': 'shipped'}])
+    assert second.output_text == 'tool said: shipped' and gw.fake.violations == []
