@@ -57,7 +57,10 @@ def streamed(client, **kw) -> tuple[list[dict], Response]:
             data = event.model_dump(mode='json', warnings=False)
             STREAM_EVENT.validate_python(data)
             events.append(data)
-    return events, Response.model_validate(events[-1]['response'])
+        accumulated = stream.get_final_response()      # the SDK's own reading of the deltas
+    final = Response.model_validate(events[-1]['response'])
+    assert accumulated.model_dump(mode='json', warnings=False)['output'] == events[-1]['response']['output']
+    return events, final
 
 
 def check_call_events(events: list[dict]) -> None:
@@ -213,3 +216,21 @@ def test_a_stateless_round_trip_sends_the_calls_back_in_the_input(gw):
         {'role': 'user', 'content': ASK}, call.model_dump(exclude_none=True),
         {'type': 'function_call_output', 'call_id': call.call_id, 'output': 'shipped'}])
     assert second.output_text == 'tool said: shipped' and gw.fake.violations == []
+
+
+def test_a_call_sent_again_with_previous_response_id_is_400_not_sent_twice(gw):
+    client = gw.client()
+    first = create(client, model='ResponsesLocal', input=ASK, tools=[ORDER_TOOL])
+    call = next(i for i in first.output if i.type == 'function_call')
+    gw.fake.clear()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model='ResponsesLocal', previous_response_id=first.id, tools=[ORDER_TOOL], input=[
+            call.model_dump(exclude_none=True),
+            {'type': 'function_call_output', 'call_id': call.call_id, 'output': 'x'}])
+    assert refused.value.body['code'] == 'duplicate_call_id' and gw.fake.requests == []
+
+
+def test_parallel_tool_calls_false_is_refused_rather_than_ignored(gw):
+    with pytest.raises(openai.BadRequestError) as refused:
+        gw.client().responses.create(model='Claude', input=ASK, tools=[ORDER_TOOL], parallel_tool_calls=False)
+    assert refused.value.body['param'] == 'parallel_tool_calls'

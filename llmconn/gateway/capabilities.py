@@ -126,6 +126,7 @@ def _hints(name: str, claude: Support | None = None) -> dict:
 _tools = _same(NATIVE, 'function tools as the backend\'s own (the client runs them); hosted tools only where the '
                       'key allows them and the connection lists them in hosted_tools')
 _tool_choice = _same(UNSUPPORTED, 'only "auto" (the backend decides)')
+_parallel = _same(UNSUPPORTED, 'only true: the backend may call several tools at once')
 _deprecated = _same(UNSUPPORTED, 'the deprecated form; use tools')
 _claude_user = Support(EMULATED, 'metadata.user_id', to_params=lambda v: {'metadata': {'user_id': v}})
 _TOOL_CHOICE_OK = (None, 'auto')
@@ -190,8 +191,9 @@ RESPONSES_FIELDS: dict[str, Field] = {f.name: f for f in _STRUCTURAL_RESPONSES +
     Field('prompt', _same(UNSUPPORTED, 'stored prompt templates are not offered')),
     Field('tools', _tools, structural=True),
     Field('tool_choice', _tool_choice, trivial=lambda v: v in _TOOL_CHOICE_OK),
-    Field('parallel_tool_calls', _same(NATIVE, 'the backend may call several tools at once'), structural=True),
-    Field('max_tool_calls', _same(NATIVE, 'accepted; the client runs every call'), structural=True),
+    Field('parallel_tool_calls', _parallel, trivial=lambda v: v in (None, True)),
+    Field('max_tool_calls', _same(UNSUPPORTED, 'the backend decides how many calls it makes'),
+          trivial=lambda v: v is None),
 ]}
 
 CHAT_FIELDS: dict[str, Field] = {f.name: f for f in [
@@ -247,7 +249,7 @@ CHAT_FIELDS: dict[str, Field] = {f.name: f for f in [
     Field('functions', _deprecated, trivial=lambda v: not v),
     Field('function_call', _deprecated, trivial=lambda v: v in _TOOL_CHOICE_OK),
     Field('tool_choice', _tool_choice, trivial=lambda v: v in _TOOL_CHOICE_OK),
-    Field('parallel_tool_calls', _same(NATIVE, 'the backend may call several tools at once'), structural=True),
+    Field('parallel_tool_calls', _parallel, trivial=lambda v: v in (None, True)),
 ]}
 
 ROUTES = {RESPONSES: RESPONSES_FIELDS, CHAT: CHAT_FIELDS}

@@ -37,6 +37,7 @@ def to_conversation(items: list[dict], instructions: str, policy: Policy, resolu
                            'on this backend')
             system.append(item['text'])
         elif kind == 'function_call':
+            _new_call(chat, item['call_id'])
             _assistant_steps(chat, [canon.call(item['call_id'], item['name'], item['arguments'])], '', policy,
                              resolution, merge=False)
         elif kind == 'function_call_output':
@@ -81,6 +82,13 @@ def _assistant_steps(chat: list, steps: list, tag: str, policy: Policy, resoluti
         steps = canon.plain(steps)
     last['steps'] += steps
     last['tag'] = last['tag'] or tag
+
+
+def _new_call(chat: list, call_id: str) -> None:
+    made = {c['call_id'] for entry in chat if entry['role'] == 'assistant' for c in canon.calls(entry['steps'])}
+    if call_id in made:
+        raise GatewayError(f'the function call {call_id!r} is in the conversation twice (with previous_response_id, '
+                           f'send only the function_call_output items)', param='input', code='duplicate_call_id')
 
 
 def _answer(chat: list, item: dict) -> None:
