@@ -9,6 +9,7 @@ validated with the SDK's own types.
 """
 
 import json
+import uuid
 
 import openai
 import pytest
@@ -234,3 +235,18 @@ def test_parallel_tool_calls_false_is_refused_rather_than_ignored(gw):
     with pytest.raises(openai.BadRequestError) as refused:
         gw.client().responses.create(model='Claude', input=ASK, tools=[ORDER_TOOL], parallel_tool_calls=False)
     assert refused.value.body['param'] == 'parallel_tool_calls'
+
+
+def test_zero_retention_tool_calls_leave_no_arguments_in_redis(gw):
+    marker = f'ZTOOL{uuid.uuid4().hex}'
+    ask = 'call get_order {"order_id": "%s"}' % marker
+    zero = gw.client('zero')
+    chat = zero.chat.completions.create(model='Gemini', messages=[{'role': 'user', 'content': ask}],
+                                        tools=[CHAT_TOOL])
+    assert chat.choices[0].finish_reason == 'tool_calls'
+    answer = create(zero, model='Claude', input=ask, tools=[ORDER_TOOL])
+    assert any(i.type == 'function_call' for i in answer.output)
+    assert marker not in gw.redis_text()
+    standard = gw.client().chat.completions.create(model='Gemini', messages=[{'role': 'user', 'content': ask}],
+                                                   tools=[CHAT_TOOL])
+    assert standard.choices[0].finish_reason == 'tool_calls' and marker in gw.redis_text()   # the call registry
