@@ -294,3 +294,10 @@ def test_a_backend_that_cannot_stream_answers_whole_as_a_stream():
         Whole.capabilities = frozenset()
         backend.events(conn, Conversation('rules', (), 'q'), {}, False)
     assert refused.value.param == 'instructions'
+
+
+def test_a_hostile_call_id_is_refused_without_echoing_it():
+    for call_id in ('', 'x' * 10_000, 7, 'bad \ud800'):
+        with pytest.raises(GatewayError) as refused:
+            items.from_responses_input([{'type': 'function_call_output', 'call_id': call_id, 'output': 'o'}])
+        assert refused.value.param == 'input[0].call_id' and len(str(refused.value)) < 300

@@ -39,6 +39,7 @@ MAX_TEXT_CHARS = 1_000_000          # as a connection's own limit on one message
 SYSTEM_ROLES = ('system', 'developer')
 ROLES = ('user', 'assistant', *SYSTEM_ROLES)
 MERGE_SEPARATOR = '\n\n'
+MAX_CALL_ID_CHARS = 256             # providers' call ids are a few dozen characters
 _TEXT_PARTS = ('input_text', 'output_text', 'text')
 _PENDING_TOOL_ITEMS = ('custom_tool_call', 'custom_tool_call_output')
 
@@ -112,10 +113,18 @@ def _message_item(raw: Any, where: str) -> dict:
     return message(role, _content_text(raw.get('content'), f'{where}.content'))
 
 
+def _call_id(call_id: Any, where: str) -> str:
+    if not isinstance(call_id, str) or not call_id or len(call_id) > MAX_CALL_ID_CHARS:
+        raise GatewayError(f'{where}.call_id is required: the id of the function call (a string of at most '
+                           f'{MAX_CALL_ID_CHARS} characters)', param=f'{where}.call_id')
+    return check_text(call_id, f'{where}.call_id')
+
+
 def function_call(call_id: Any, name: Any, arguments: Any, where: str) -> dict:
     """A call the client sends back (its arguments a JSON object, as text)."""
-    if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
-        raise GatewayError(f'{where}: a function call needs its call_id and name', param=where)
+    call_id = _call_id(call_id, where)
+    if not isinstance(name, str) or not name:
+        raise GatewayError(f'{where}: a function call needs its name', param=f'{where}.name')
     try:
         parsed = json.loads(arguments) if isinstance(arguments, str) else None
     except ValueError:
@@ -126,9 +135,7 @@ def function_call(call_id: Any, name: Any, arguments: Any, where: str) -> dict:
 
 
 def function_output(call_id: Any, output: Any, where: str) -> dict:
-    if not isinstance(call_id, str) or not call_id:
-        raise GatewayError(f'{where}.call_id is required: the id of the call this output answers',
-                           param=f'{where}.call_id')
+    call_id = _call_id(call_id, where)
     if isinstance(output, list):
         output = _content_text(output, f'{where}.output')
     return {'type': 'function_call_output', 'call_id': call_id, 'output': check_text(output, f'{where}.output')}
