@@ -96,6 +96,9 @@ def test_a_function_call_round_trip_is_joined_by_call_id(gw, model, stream):
     assert call.name == 'get_order' and json.loads(call.arguments) == {'order_id': 'A-17'} and call.call_id
     assert gw.record('a', first.id)['tool_calls'] == [
         {'call_id': call.call_id, 'name': 'get_order', 'status': 'awaiting_output'}]
+    again = client.responses.retrieve(first.id)      # the id a backend did not give is made once, then kept
+    assert [(i.call_id, i.arguments) for i in again.output if i.type == 'function_call'] == [
+        (call.call_id, call.arguments)]
     answer_kw = dict(model=model, previous_response_id=first.id, tools=[ORDER_TOOL], **reasoning(model),
                      input=[{'type': 'function_call_output', 'call_id': call.call_id, 'output': 'shipped'}])
     second = streamed(client, **answer_kw)[1] if stream else create(client, **answer_kw)
