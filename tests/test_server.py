@@ -586,9 +586,10 @@ def test_the_readme_shows_exactly_the_commands_the_demo_prints():
 
 def test_make_run_takes_port_and_host():
     import subprocess
-    done = subprocess.run(['make', '-n', 'run', 'PORT=17999', 'HOST=0.0.0.0', 'PROVIDER_PORT=17998'], cwd=ROOT,
-                          capture_output=True, text=True, timeout=30)
-    command = done.stdout.strip().splitlines()[-1]
+    # --no-print-directory: under `make test` this make is nested and would print "Leaving directory".
+    done = subprocess.run(['make', '--no-print-directory', '-n', 'run', 'PORT=17999', 'HOST=0.0.0.0',
+                           'PROVIDER_PORT=17998'], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    command = [line for line in done.stdout.splitlines() if 'llmconn.demo' in line][-1]
     assert 'llmconn.demo' in command and '--port 17999' in command and '--host 0.0.0.0' in command
     assert '--provider-port 17998' in command
 
