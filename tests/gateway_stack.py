@@ -34,6 +34,7 @@ BACKENDS = {'Claude': 'claude', 'Chat': 'openai', 'Responses': 'openai-responses
 
 
 def _config(fake_url: str, redis_url: str, extra_llm: str = '') -> str:
+    """The stack's llm.yaml; ``extra_llm`` adds connections (FAKE_URL in it: the fake provider's address)."""
     keys = ''.join(f'''
     - {{id: key-{name}, secret: {secret}, tenant: {tenant}, retention: {retention},
        models: {json.dumps(models)}, hosted_tools: {json.dumps(tools)}}}'''
@@ -51,7 +52,7 @@ llm:
      max_retries: 0}}
   - {{name: ResponsesLocal, provider: openai-responses, model: gpt-5, address: "{fake_url}/v1", max_retries: 0}}
   - {{name: Gemini, provider: gemini, model: gemini-2.5-flash, address: "{fake_url}/v1beta", max_retries: 0}}
-{extra_llm}'''
+{extra_llm.replace('FAKE_URL', fake_url)}'''
 
 
 class GatewayStack:

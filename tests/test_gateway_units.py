@@ -119,14 +119,35 @@ def test_allowed_losses_count_only_with_allow_lossy():
 
 # ---- items
 
-def test_tool_items_are_refused_naming_the_item():
+def test_unsupported_items_are_refused_naming_the_item():
     with pytest.raises(GatewayError) as refused:
         items.from_responses_input([{'role': 'user', 'content': 'x'},
-                                    {'type': 'function_call_output', 'call_id': 'c', 'output': '1'}])
+                                    {'type': 'custom_tool_call_output', 'call_id': 'c', 'output': '1'}])
     assert refused.value.param == 'input[1].type'
+    with pytest.raises(GatewayError) as arguments:
+        items.from_responses_input([{'type': 'function_call', 'call_id': 'c', 'name': 'f', 'arguments': '[1]'}])
+    assert arguments.value.param == 'input[0].arguments'
     with pytest.raises(GatewayError) as image:
         items.from_responses_input([{'role': 'user', 'content': [{'type': 'input_image', 'image_url': 'x'}]}])
     assert image.value.param == 'input[0].content[0].type'
+
+
+def test_an_output_must_answer_a_call_of_the_assistant_before_it():
+    user = items.message('user', 'look it up')
+    call = items.function_call('call_1', 'get_order', '{"id": 1}', 'x')
+    with pytest.raises(GatewayError) as unknown:
+        items.to_conversation([user, call, items.function_output('call_2', 'x', 'y')], '', Policy(), Resolution())
+    assert unknown.value.code == 'unknown_call_id' and 'call_2' in str(unknown.value)
+    with pytest.raises(GatewayError) as twice:
+        items.to_conversation([user, call, items.function_output('call_1', 'a', 'y'),
+                               items.function_output('call_1', 'b', 'y')], '', Policy(), Resolution())
+    assert twice.value.code == 'unknown_call_id'
+    with pytest.raises(GatewayError) as unanswered:
+        items.to_conversation([user, call, items.message('user', 'next')], '', Policy(), Resolution())
+    assert unanswered.value.code == 'unanswered_function_call' and 'call_1' in str(unanswered.value)
+    turn = items.to_conversation([user, call, items.function_output('call_1', 'ok', 'y')], '', Policy(),
+                                 Resolution())
+    assert turn.text == 'look it up' and [i['kind'] for i in turn.items] == ['call', 'output']
 
 
 def test_a_lone_surrogate_is_refused():
@@ -273,3 +294,10 @@ def test_a_backend_that_cannot_stream_answers_whole_as_a_stream():
         Whole.capabilities = frozenset()
         backend.events(conn, Conversation('rules', (), 'q'), {}, False)
     assert refused.value.param == 'instructions'
+
+
+def test_a_hostile_call_id_is_refused_without_echoing_it():
+    for call_id in ('', 'x' * 10_000, 7, 'bad \ud800'):
+        with pytest.raises(GatewayError) as refused:
+            items.from_responses_input([{'type': 'function_call_output', 'call_id': call_id, 'output': 'o'}])
+        assert refused.value.param == 'input[0].call_id' and len(str(refused.value)) < 300

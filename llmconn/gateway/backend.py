@@ -9,15 +9,19 @@ itself and runs it through the connection's pure provider mapping
 without reading or writing the connection's chat store. The events are the
 public ones: ``thinking`` and ``text`` deltas, then one ``done``.
 
-When structured turns (tool calls) land in the connection, this module is
-where function tools and ``function_call_output`` items will be passed on.
+Function tools go to the provider as manual tools (the gateway never runs
+them); a conversation that ends with function outputs is sent as the turn in
+progress (``Request.items``: the backend's own calls with their natives, then
+the outputs), so the provider renders them as its native tool results.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from llmconn import items as mod_items
 from llmconn.errors import GatewayError
 from llmconn.gateway.items import Conversation
 from llmconn.providers.base import STREAM, SYSTEM
@@ -50,7 +54,8 @@ def check_usable(conn: Any, model: str) -> None:
 
 
 def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
-           previous_response_id: str = '', store: bool = True, key_id: str = '') -> Iterator[Event]:
+           previous_response_id: str = '', store: bool = True, key_id: str = '', tools: tuple = (),
+           hosted: tuple = ()) -> Iterator[Event]:
     """Call the connection's provider; yields ``thinking`` / ``text`` deltas and one ``done``.
 
     The call is counted in the registry's usage ledger under the connection, its model and the
@@ -63,10 +68,16 @@ def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
     if stream and STREAM not in provider.capabilities:
         # A backend that cannot stream answers whole; the stream is built from that one answer.
         return _whole(events(conn, conversation, params, False, previous_response_id=previous_response_id,
-                             store=store, key_id=key_id))
+                             store=store, key_id=key_id, tools=tools, hosted=hosted))
     chain = {'previous_response_id': previous_response_id} if previous_response_id else {}
+    if previous_response_id and conversation.items and not conversation.turns and not conversation.text:
+        chain['continuation'] = True        # the backend's chain holds the calls; only the outputs go
+    turn = conversation.items
+    if turn and conversation.tag != provider.tag:
+        turn = tuple(mod_items.plain(turn))     # natives go back only to the provider, model and mode that made them
     request = Request(text=conversation.text, system=conversation.system, history=conversation.turns,
-                      params=params, stream=stream, chain=chain)
+                      params=params, stream=stream, chain=chain, items=turn, tools=tuple(tools),
+                      hosted=tuple(hosted), tag=provider.tag)
     body = provider.build_request(request)
     if not store and 'store' in body:
         body['store'] = False       # the request said store: false; the backend must not keep it either
@@ -143,7 +154,24 @@ def provider_response_id(reply: Any) -> str:
     return getattr(reply, 'response_id', '') or ''
 
 
-def opaque_items(conn: Any, reply: Any) -> dict | None:
-    """The reply's provider items, tagged, for replay to the same provider/model/mode only."""
-    items = getattr(reply, 'items', ()) or ()
+def steps(reply: Any) -> list[dict]:
+    """The answer as canonical items, every call with a call id (made here, once, if the backend gave none)."""
+    out = list(getattr(reply, 'steps', ()) or ())
+    return [dict(s, call_id='call_' + uuid.uuid4().hex[:24]) if s['kind'] == mod_items.CALL and not s['call_id']
+            else s for s in out]
+
+
+def calls(answer_steps: list[dict]) -> list[dict]:
+    return mod_items.calls(answer_steps)
+
+
+def opaque_items(conn: Any, reply: Any, answer_steps: list[dict] | None = None) -> dict | None:
+    """The reply's items, tagged, for replay (natives to the same provider/model/mode only).
+
+    The canonical steps when the answer has any beyond plain text (calls, reasoning, natives);
+    else the bare natives (thinking) as before steps existed.
+    """
+    answer_steps = steps(reply) if answer_steps is None else answer_steps
+    plain = all(s['kind'] == mod_items.TEXT and 'native' not in s for s in answer_steps)
+    items = (getattr(reply, 'items', ()) or ()) if plain else answer_steps
     return {'tag': conn.provider.tag, 'items': list(items)} if items else None

@@ -123,10 +123,13 @@ def _hints(name: str, claude: Support | None = None) -> dict:
             'claude': claude or unsupported, 'gemini': unsupported}
 
 
-_tools_pending = _same(UNSUPPORTED, 'tool calling through the gateway is not available yet')
+_tools = _same(NATIVE, 'function tools as the backend\'s own (the client runs them); hosted tools only where the '
+                      'key allows them and the connection lists them in hosted_tools')
+_tool_choice = _same(UNSUPPORTED, 'only "auto" (the backend decides)')
+_parallel = _same(UNSUPPORTED, 'only true: the backend may call several tools at once')
+_deprecated = _same(UNSUPPORTED, 'the deprecated form; use tools')
 _claude_user = Support(EMULATED, 'metadata.user_id', to_params=lambda v: {'metadata': {'user_id': v}})
-_no_tools_value = {'tool_choice': lambda v: v in (None, 'auto', 'none'),
-                   'parallel_tool_calls': lambda v: True, 'max_tool_calls': lambda v: True}
+_TOOL_CHOICE_OK = (None, 'auto')
 
 
 def _is_text_format(value: Any) -> bool:
@@ -138,7 +141,8 @@ def _is_text_format(value: Any) -> bool:
 
 _STRUCTURAL_RESPONSES = [
     Field('model', _same(NATIVE, 'names a connection'), structural=True),
-    Field('input', _same(NATIVE, 'text and message items; images, files and tool items are refused; a system '
+    Field('input', _same(NATIVE, 'text, message, function_call and function_call_output items; images and '
+                                 'files are refused; a system '
                                  'message after the first turn or two of one role in a row are the losses '
                                  'system_messages_hoisted and messages_merged'),
           structural=True),
@@ -185,13 +189,17 @@ RESPONSES_FIELDS: dict[str, Field] = {f.name: f for f in _STRUCTURAL_RESPONSES +
     Field('background', _same(UNSUPPORTED, 'background responses are not offered'), trivial=lambda v: not v),
     Field('conversation', _same(UNSUPPORTED, 'use previous_response_id')),
     Field('prompt', _same(UNSUPPORTED, 'stored prompt templates are not offered')),
-    Field('tools', _tools_pending, trivial=lambda v: not v),
-    *[Field(name, _tools_pending, trivial=ok) for name, ok in _no_tools_value.items()],
+    Field('tools', _tools, structural=True),
+    Field('tool_choice', _tool_choice, trivial=lambda v: v in _TOOL_CHOICE_OK),
+    Field('parallel_tool_calls', _parallel, trivial=lambda v: v in (None, True)),
+    Field('max_tool_calls', _same(UNSUPPORTED, 'the backend decides how many calls it makes'),
+          trivial=lambda v: v is None),
 ]}
 
 CHAT_FIELDS: dict[str, Field] = {f.name: f for f in [
     Field('model', _same(NATIVE, 'names a connection'), structural=True),
-    Field('messages', _same(NATIVE, 'text messages; images, audio and tool messages are refused'),
+    Field('messages', _same(NATIVE, 'text messages, assistant tool_calls and tool messages; images and audio '
+                                    'are refused'),
           structural=True),
     Field('stream', _same(EMULATED, 'chat.completion.chunk events rebuilt from the provider\'s stream'),
           structural=True),
@@ -237,10 +245,11 @@ CHAT_FIELDS: dict[str, Field] = {f.name: f for f in [
     Field('audio', _same(UNSUPPORTED, 'text only')),
     Field('prediction', _same(UNSUPPORTED)),
     Field('web_search_options', _same(UNSUPPORTED, 'hosted tools are not available yet')),
-    Field('tools', _tools_pending, trivial=lambda v: not v),
-    Field('functions', _tools_pending, trivial=lambda v: not v),
-    Field('function_call', _tools_pending, trivial=lambda v: v in (None, 'auto', 'none')),
-    *[Field(name, _tools_pending, trivial=ok) for name, ok in _no_tools_value.items() if name != 'max_tool_calls'],
+    Field('tools', _tools, structural=True),
+    Field('functions', _deprecated, trivial=lambda v: not v),
+    Field('function_call', _deprecated, trivial=lambda v: v in _TOOL_CHOICE_OK),
+    Field('tool_choice', _tool_choice, trivial=lambda v: v in _TOOL_CHOICE_OK),
+    Field('parallel_tool_calls', _parallel, trivial=lambda v: v in (None, True)),
 ]}
 
 ROUTES = {RESPONSES: RESPONSES_FIELDS, CHAT: CHAT_FIELDS}

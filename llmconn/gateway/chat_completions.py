@@ -1,6 +1,12 @@
 """``POST /v1/chat/completions``: its own contract, stateless, never an alias of Responses.
 
-Nothing of a completion is stored: only the day's usage counters of the
+Function tools go to the backend as manual tools; its calls come back as
+the assistant message's ``tool_calls`` (``finish_reason: tool_calls``), and
+the client answers them with ``role: tool`` messages in its next request,
+which carries the whole conversation (joined to the calls by id, strictly,
+before dispatch). Nothing of a completion is stored but, under standard
+retention, the provider items its tool calls need replayed
+(:mod:`llmconn.gateway.call_registry`), and only the day's usage counters of the
 tenant, key and model are updated. Streams are ``chat.completion.chunk``
 objects ending in ``data: [DONE]``; ``stream_options.include_usage`` adds
 the final chunk with ``choices: []`` and the usage, as OpenAI does.
@@ -16,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from llmconn.errors import GatewayError, LLMConnError, StoreError
-from llmconn.gateway import backend, items as mod_items
+from llmconn.gateway import backend, call_registry, items as mod_items, tools as mod_tools
 from llmconn.gateway.capabilities import CHAT
 from llmconn.gateway.policy import Policy, resolve
 from llmconn.gateway.responses import DOWNGRADES_KEY
@@ -37,6 +43,8 @@ class ChatCall:
     conversation: mod_items.Conversation
     params: dict
     downgrades: list
+    tools: tuple = ()
+    hosted: tuple = ()
     id: str = field(default_factory=lambda: 'chatcmpl-' + secrets.token_hex(16))
     created: int = field(default_factory=lambda: int(mod_time.time()))
 
@@ -50,25 +58,30 @@ def prepare(gw: Any, key: Any, body: Any) -> ChatCall:
         raise GatewayError('the request body must be a JSON object')
     model = body.get('model')
     conn = gw.connection(key, model)
+    tools, hosted = mod_tools.definitions(key, conn, body.get('tools'), chat=True)
     policy = Policy.parse(body.get('fallback_policy'))
     resolution = resolve(CHAT, backend.kind(conn), body, policy)
     stream = body.get('stream') or False
     options = body.get('stream_options') or {}
     if not isinstance(stream, bool) or not isinstance(options, dict):
         raise GatewayError('stream must be true or false and stream_options an object', param='stream')
-    conversation = mod_items.to_conversation(mod_items.from_chat_messages(body.get('messages')), '', policy,
-                                             resolution)
+    said = call_registry.restore(gw, key, mod_items.from_chat_messages(body.get('messages')))
+    conversation = mod_items.to_conversation(said, '', policy, resolution)
     if resolution.downgrades:
         logger.info('Downgrade accepted: tenant=%s key=%s model=%s losses=%s', key.tenant, key.id, model,
                     ','.join(resolution.downgrades))
     return ChatCall(key, conn, model, stream, bool(options.get('include_usage')), conversation,
-                    resolution.params, resolution.downgrades)
+                    resolution.params, resolution.downgrades, tools, hosted)
 
 
 def _events(call: ChatCall) -> Iterator:
     # Stateless all the way: a backend that would keep the exchange (Responses, state: provider) is told not to.
     return backend.events(call.conn, call.conversation, call.params, call.stream, store=False,
-                          key_id=call.key.id)
+                          key_id=call.key.id, tools=call.tools, hosted=call.hosted)
+
+
+def _finish_reason(status: str, calls: list) -> str:
+    return 'tool_calls' if calls and status == 'completed' else _FINISH[status]
 
 
 def _usage(reply: Any) -> dict:
@@ -84,11 +97,15 @@ def complete(gw: Any, call: ChatCall) -> dict:
         raise
     status, _ = backend.finish(call.conn, reply.raw)
     _count(gw, call, status, reply)
-    message: dict = {'role': 'assistant', 'content': reply.text, 'refusal': None}
+    calls = _remember(gw, call, reply)
+    message: dict = {'role': 'assistant', 'content': reply.text or (None if calls else ''), 'refusal': None}
     if reply.thinking:
         message['reasoning_content'] = reply.thinking
+    if calls:
+        message['tool_calls'] = [mod_tools.chat_tool_call(c) for c in calls]
+    finish = _finish_reason(status, calls)
     return {'id': call.id, 'object': 'chat.completion', 'created': call.created, 'model': call.model,
-            'choices': [{'index': 0, 'message': message, 'finish_reason': _FINISH[status], 'logprobs': None}],
+            'choices': [{'index': 0, 'message': message, 'finish_reason': finish, 'logprobs': None}],
             'usage': _usage(reply), **call.extra()}
 
 
@@ -116,7 +133,9 @@ def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provide
             status, _ = backend.finish(call.conn, event.reply.raw)
             ended = True
             _count(gw, call, status, event.reply)
-            for chunk in chunks.finish(event.reply.text, _FINISH[status], _usage(event.reply), call.extra()):
+            calls = _remember(gw, call, event.reply)
+            for chunk in chunks.finish(event.reply.text, _finish_reason(status, calls), _usage(event.reply),
+                                       call.extra(), calls):
                 yield chat_sse(chunk)
             return
     except LLMConnError as e:
@@ -128,6 +147,17 @@ def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provide
         provider.close()
         if not ended:
             _count(gw, call, 'cancelled', None)
+
+
+def _remember(gw: Any, call: ChatCall, reply: Any) -> list:
+    """The answer's calls; what a replay of them needs is kept for the client's next request."""
+    steps = backend.steps(reply)
+    try:
+        call_registry.remember(gw, call.key, steps, call.conn.provider.tag)
+    except StoreError as e:
+        logger.error('Could not keep the provider items behind the tool calls of a completion of %s: %s',
+                     call.model, e)
+    return backend.calls(steps)
 
 
 def _count(gw: Any, call: ChatCall, status: str, reply: Any) -> None:

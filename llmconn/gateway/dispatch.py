@@ -20,6 +20,7 @@ from typing import Any, Iterator
 from llmconn.errors import LLMConnError, StoreError
 from llmconn.gateway import backend, items as mod_items
 from llmconn.gateway.responses import Call, output_items, record, response_object, usage_object
+from llmconn.gateway.tools import function_call_item
 from llmconn.gateway.stream import ResponseEvents, estimated_usage, sse
 
 logger = logging.getLogger('llmconn.gateway')
@@ -27,14 +28,17 @@ logger = logging.getLogger('llmconn.gateway')
 
 def _provider_events(call: Call, stream: bool) -> Iterator:
     return backend.events(call.conn, call.conversation, call.params, stream,
-                          previous_response_id=call.provider_previous_id, store=call.store, key_id=call.key.id)
+                          previous_response_id=call.provider_previous_id, store=call.store, key_id=call.key.id,
+                          tools=call.tools, hosted=call.hosted)
 
 
-def _finished(call: Call, reply: Any) -> tuple[str, str, dict, dict]:
+def _finished(call: Call, reply: Any) -> tuple[str, str, dict, dict, list]:
+    """The ending of an answer: status, reason, usage, its canonical assistant item, its calls."""
     status, reason = backend.finish(call.conn, reply.raw)
     usage = usage_object(reply.input_tokens, reply.output_tokens)
-    answer = mod_items.message('assistant', reply.text, backend.opaque_items(call.conn, reply))
-    return status, reason, usage, answer
+    steps = backend.steps(reply)
+    answer = mod_items.message('assistant', reply.text, backend.opaque_items(call.conn, reply, steps))
+    return status, reason, usage, answer, backend.calls(steps)
 
 
 def respond(gw: Any, call: Call) -> dict:
@@ -45,10 +49,10 @@ def respond(gw: Any, call: Call) -> dict:
     except LLMConnError as e:
         _record_failure(gw, call, e, [])
         raise
-    status, reason, usage, answer = _finished(call, reply)
-    output = output_items(reply.thinking, reply.text, status)
+    status, reason, usage, answer, calls = _finished(call, reply)
+    output = output_items(reply.thinking, reply.text, status, calls)
     gw.ledger.save(record(call, status, usage, output, provider_id=reply.response_id, answer=answer,
-                          reason=reason), call.expiry, count_usage=True)
+                          reason=reason, calls=calls), call.expiry, count_usage=True)
     return response_object(call, status, output, usage, reason=reason)
 
 
@@ -76,10 +80,11 @@ def _body(gw: Any, call: Call, normalizer: ResponseEvents, events: Iterator, pro
                     yield sse(out)
                 continue
             reply = event.reply
-            status, reason, usage, answer = _finished(call, reply)
-            closing = normalizer.finish(reply.text, response_object(call, status, [], usage, reason=reason))
+            status, reason, usage, answer, calls = _finished(call, reply)
+            closing = normalizer.finish(reply.text, response_object(call, status, [], usage, reason=reason),
+                                        [function_call_item(c) for c in calls])
             gw.ledger.save(record(call, status, usage, normalizer.output, provider_id=reply.response_id,
-                                  answer=answer, reason=reason), call.expiry, count_usage=True)
+                                  answer=answer, reason=reason, calls=calls), call.expiry, count_usage=True)
             ended = True
             for out in closing:
                 yield sse(out)

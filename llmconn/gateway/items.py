@@ -6,11 +6,18 @@ route or backend::
     {"type": "message", "role": "user" | "assistant" | "system" | "developer", "text": str,
      "opaque": {"tag": "claude/<model>/<mode>", "items": [...]}}    # assistant only, optional
 
-``opaque`` holds the provider's own items (Claude thinking blocks, Responses
-reasoning items) verbatim; they go back only to the provider, model and
-mode in ``tag``. Function calls and their outputs will be items of their own
-(``function_call``, ``function_call_output``) once tool calling reaches the
-gateway; until then they are refused with a 400 naming the item.
+``opaque`` holds the provider's own items: the answer's canonical
+:mod:`llmconn.items` (thinking blocks, Responses reasoning, function calls
+with their natives) verbatim; the natives go back only to the provider,
+model and mode in ``tag``. Function calls a client sends back and the
+outputs that answer them are items of their own::
+
+    {"type": "function_call", "call_id": str, "name": str, "arguments": dict}
+    {"type": "function_call_output", "call_id": str, "output": str}
+
+An output must answer a call of the assistant message just before it, and
+every call must be answered before the conversation goes on: either is a
+400 naming the call id, before any network call.
 
 A provider request is (system, turns, text): system and developer messages
 joined into the system prompt, the conversation paired into user/assistant
@@ -20,6 +27,7 @@ named loss (``system_messages_hoisted``, ``messages_merged``) or a 400.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +39,9 @@ MAX_TEXT_CHARS = 1_000_000          # as a connection's own limit on one message
 SYSTEM_ROLES = ('system', 'developer')
 ROLES = ('user', 'assistant', *SYSTEM_ROLES)
 MERGE_SEPARATOR = '\n\n'
+MAX_CALL_ID_CHARS = 256             # providers' call ids are a few dozen characters
 _TEXT_PARTS = ('input_text', 'output_text', 'text')
-_PENDING_TOOL_ITEMS = ('function_call', 'function_call_output', 'custom_tool_call', 'custom_tool_call_output')
+_PENDING_TOOL_ITEMS = ('custom_tool_call', 'custom_tool_call_output')
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,8 @@ class Conversation:
     system: str
     turns: tuple
     text: str
+    items: tuple = ()       # the turn in progress: calls and their outputs (canonical llmconn items)
+    tag: str = ''           # whose natives ``items`` hold
 
 
 def message(role: str, text: str, opaque: dict | None = None) -> dict:
@@ -89,6 +100,10 @@ def _message_item(raw: Any, where: str) -> dict:
     if kind in _PENDING_TOOL_ITEMS:
         raise GatewayError(f'{where}: {kind} items are not supported through the gateway yet (tool calling '
                            f'is not available)', param=f'{where}.type', code='unsupported_field')
+    if kind == 'function_call':
+        return function_call(raw.get('call_id'), raw.get('name'), raw.get('arguments'), where)
+    if kind == 'function_call_output':
+        return function_output(raw.get('call_id'), raw.get('output'), where)
     if kind != 'message':
         raise GatewayError(f'{where}: item type {kind!r} is not supported through the gateway',
                            param=f'{where}.type', code='unsupported_field')
@@ -96,6 +111,34 @@ def _message_item(raw: Any, where: str) -> dict:
     if role not in ROLES:
         raise GatewayError(f'{where}.role must be one of {", ".join(ROLES)}', param=f'{where}.role')
     return message(role, _content_text(raw.get('content'), f'{where}.content'))
+
+
+def _call_id(call_id: Any, where: str) -> str:
+    if not isinstance(call_id, str) or not call_id or len(call_id) > MAX_CALL_ID_CHARS:
+        raise GatewayError(f'{where}.call_id is required: the id of the function call (a string of at most '
+                           f'{MAX_CALL_ID_CHARS} characters)', param=f'{where}.call_id')
+    return check_text(call_id, f'{where}.call_id')
+
+
+def function_call(call_id: Any, name: Any, arguments: Any, where: str) -> dict:
+    """A call the client sends back (its arguments a JSON object, as text)."""
+    call_id = _call_id(call_id, where)
+    if not isinstance(name, str) or not name:
+        raise GatewayError(f'{where}: a function call needs its name', param=f'{where}.name')
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else None
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise GatewayError(f'{where}.arguments must be a JSON object as a string', param=f'{where}.arguments')
+    return {'type': 'function_call', 'call_id': call_id, 'name': name, 'arguments': parsed}
+
+
+def function_output(call_id: Any, output: Any, where: str) -> dict:
+    call_id = _call_id(call_id, where)
+    if isinstance(output, list):
+        output = _content_text(output, f'{where}.output')
+    return {'type': 'function_call_output', 'call_id': call_id, 'output': check_text(output, f'{where}.output')}
 
 
 def from_responses_input(raw: Any) -> list[dict]:
@@ -114,12 +157,16 @@ def from_chat_messages(raw: Any) -> list[dict]:
     items = []
     for index, entry in enumerate(raw):
         where = f'messages[{index}]'
-        if isinstance(entry, dict) and entry.get('role') in ('tool', 'function'):
-            raise GatewayError(f'{where}: {entry["role"]} messages are not supported through the gateway yet '
-                               f'(tool calling is not available)', param=f'{where}.role', code='unsupported_field')
-        if isinstance(entry, dict) and entry.get('tool_calls'):
-            raise GatewayError(f'{where}.tool_calls: tool calling is not available through the gateway yet',
-                               param=f'{where}.tool_calls', code='unsupported_field')
+        if isinstance(entry, dict) and entry.get('role') == 'function':
+            raise GatewayError(f'{where}: function messages (the deprecated form) are not supported; answer '
+                               f'tool_calls with role "tool" messages', param=f'{where}.role',
+                               code='unsupported_field')
+        if isinstance(entry, dict) and entry.get('role') == 'tool':
+            items.append(function_output(entry.get('tool_call_id'), entry.get('content'), where))
+            continue
+        if isinstance(entry, dict) and entry.get('role') == 'assistant' and entry.get('tool_calls'):
+            items += _chat_calls(entry, where)
+            continue
         if isinstance(entry, dict) and entry.get('name'):
             raise GatewayError(f'{where}.name: participant names are not supported through the gateway',
                                param=f'{where}.name', code='unsupported_field')
@@ -129,33 +176,22 @@ def from_chat_messages(raw: Any) -> list[dict]:
     return items
 
 
+def _chat_calls(entry: dict, where: str) -> list[dict]:
+    calls = entry['tool_calls']
+    if not isinstance(calls, list):
+        raise GatewayError(f'{where}.tool_calls must be a list', param=f'{where}.tool_calls')
+    said = [] if not entry.get('content') else [_message_item({'role': 'assistant', 'content': entry['content']},
+                                                              where)]
+    for index, call in enumerate(calls):
+        here = f'{where}.tool_calls[{index}]'
+        function = call.get('function') if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise GatewayError(f'{here}.function is required', param=f'{here}.function')
+        said.append(function_call(call.get('id'), function.get('name'), function.get('arguments'), here))
+    return [dict(item, message=where) for item in said]      # one assistant message (call_registry.restore)
+
+
 def to_conversation(items: list[dict], instructions: str, policy: Policy, resolution: Resolution) -> Conversation:
-    """Pair ``items`` into turns for a provider, recording (or refusing) what that loses."""
-    system = [instructions] if instructions else []
-    chat: list[dict] = []
-    for item in items:
-        if item['role'] in SYSTEM_ROLES:
-            if chat:
-                check_loss(resolution, policy, 'input', 'system_messages_hoisted',
-                           'a system or developer message after the conversation began cannot be placed there '
-                           'on this backend')
-            system.append(item['text'])
-        elif chat and chat[-1]['role'] == item['role']:
-            check_loss(resolution, policy, 'input', 'messages_merged',
-                       f'two {item["role"]} messages in a row cannot be sent separately on this backend')
-            chat[-1] = message(item['role'], chat[-1]['text'] + MERGE_SEPARATOR + item['text'])
-        else:
-            chat.append(item)
-    if not chat or chat[-1]['role'] != 'user':
-        raise GatewayError('the conversation must end with a user message', param='input')
-    if not chat[-1]['text'].strip():
-        raise GatewayError('the last user message is empty; send the user\'s text', param='input')
-    if chat[0]['role'] != 'user':
-        raise GatewayError('the conversation must start with a user message (after any system messages)',
-                           param='input')
-    turns = []
-    for user, assistant in zip(chat[0:-1:2], chat[1:-1:2]):
-        opaque = assistant.get('opaque') or {}
-        turns.append(Turn(user=user['text'], assistant=assistant['text'], items=tuple(opaque.get('items') or ()),
-                          tag=opaque.get('tag', '')))
-    return Conversation(MERGE_SEPARATOR.join(system), tuple(turns), chat[-1]['text'])
+    """Pair ``items`` into turns for a provider (see :mod:`llmconn.gateway.turns`)."""
+    from llmconn.gateway.turns import to_conversation as pair
+    return pair(items, instructions, policy, resolution)

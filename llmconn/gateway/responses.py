@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmconn.errors import GatewayError
-from llmconn.gateway import backend, items as mod_items
+from llmconn import items as canon
+from llmconn.gateway import backend, items as mod_items, tools as mod_tools
 from llmconn.gateway.capabilities import RESPONSES
 from llmconn.gateway.policy import Policy, resolve
 from llmconn.gateway.ledger import new_response_id
@@ -56,6 +57,9 @@ class Call:
     context: list                  # the canonical items the new response continues (gateway mode)
     previous: dict | None
     provider_previous_id: str = ''
+    tools: tuple = ()               # manual llmconn Tools (the client runs them)
+    hosted: tuple = ()              # hosted tool definitions the key and the connection allow
+    echo_tools: list = field(default_factory=list)      # the Response's ``tools``
     expiry: float = 30 * 86400     # seconds the record is kept (gateway.response_expiry)
     id: str = field(default_factory=new_response_id)
     created_at: float = field(default_factory=mod_time.time)
@@ -68,6 +72,7 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
     model = body.get('model')
     conn = gw.connection(key, model)
     check_hosted_tools(key, body.get('tools'))
+    tools, hosted = mod_tools.definitions(key, conn, body.get('tools'))
     policy = Policy.parse(body.get('fallback_policy'))
     resolution = resolve(RESPONSES, backend.kind(conn), body, policy)
     store, stream = _flag(body, 'store', True), _flag(body, 'stream', False)
@@ -88,7 +93,13 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
                 instructions=instructions, metadata=_metadata(body.get('metadata'), resolution.downgrades),
                 params=resolution.params, downgrades=resolution.downgrades, conversation=conversation,
                 context=context, previous=previous, expiry=gw.config.response_expiry,
-                provider_previous_id=previous['provider_response_id'] if _provider_kept(previous) else '')
+                provider_previous_id=previous['provider_response_id'] if _provider_kept(previous) else '',
+                tools=tools, hosted=hosted, echo_tools=[_echo(t) for t in tools])
+
+
+def _echo(tool: Any) -> dict:
+    return {'type': 'function', 'name': tool.name, 'description': tool.description or None,
+            'parameters': tool.parameters, 'strict': False}
 
 
 def _provider_kept(previous: dict | None) -> bool:
@@ -101,6 +112,8 @@ def _conversation(previous: dict | None, new_items: list, instructions: str, pol
 
     A chain the backend keeps gets only the new input; otherwise the stored items are replayed.
     """
+    if _provider_kept(previous) and any(i['type'] == 'function_call_output' for i in new_items):
+        return list(new_items), _provider_outputs(previous, new_items)
     if _provider_kept(previous):
         conversation = mod_items.to_conversation(new_items, instructions, policy, resolution)
         if conversation.turns:
@@ -109,6 +122,27 @@ def _conversation(previous: dict | None, new_items: list, instructions: str, pol
         return list(new_items), conversation
     context = list(previous.get('context') or ()) + new_items if previous else list(new_items)
     return context, mod_items.to_conversation(context, instructions, policy, resolution)
+
+
+def _provider_outputs(previous: dict, new_items: list) -> mod_items.Conversation:
+    """Outputs continuing a chain the backend keeps: joined to the previous response's calls, all of them."""
+    waiting = [c['call_id'] for c in previous.get('tool_calls') or ()]
+    outputs = []
+    for item in new_items:
+        if item['type'] != 'function_call_output':
+            raise GatewayError('input may hold only function_call_output items when it answers the calls of a '
+                               'response the backend keeps', param='input')
+        if item['call_id'] not in waiting or item['call_id'] in {o['call_id'] for o in outputs}:
+            raise GatewayError(f'function_call_output for call_id {item["call_id"]!r} answers no function call '
+                               f'of the response it continues (unknown or already answered call id)',
+                               param='input', code='unknown_call_id')
+        outputs.append(canon.output(item['call_id'], item['output']))
+    missing = [c for c in waiting if c not in {o['call_id'] for o in outputs}]
+    if missing:
+        raise GatewayError(f'the function calls {", ".join(missing)} have no function_call_output; answer each '
+                           f'call (its call_id and output) before the conversation goes on', param='input',
+                           code='unanswered_function_call')
+    return mod_items.Conversation('', (), '', items=tuple(outputs), tag='')
 
 
 def check_hosted_tools(key: Any, tools: Any) -> None:
@@ -190,17 +224,20 @@ def response_object(call: Call, status: str, output: list, usage: dict | None, *
             'model': call.model, 'output': output, 'instructions': call.instructions,
             'metadata': call.metadata, 'previous_response_id': call.previous['id'] if call.previous else None,
             'usage': usage, 'error': error, 'incomplete_details': {'reason': reason} if reason else None,
-            'parallel_tool_calls': True, 'tool_choice': 'auto', 'tools': [], 'store': call.store,
+            'parallel_tool_calls': True, 'tool_choice': 'auto', 'tools': call.echo_tools, 'store': call.store,
             'text': {'format': {'type': 'text'}}, 'truncation': 'disabled', 'background': False}
 
 
-def output_items(thinking: str, text: str, status: str) -> list:
+def output_items(thinking: str, text: str, status: str, calls: list | None = None) -> list:
+    """The Response's output: reasoning, the message (unless the answer is only calls), the calls."""
     out = [reasoning_item(thinking)] if thinking else []
-    return out + [message_item(text, 'incomplete' if status == 'incomplete' else 'completed')]
+    if text or not calls:
+        out.append(message_item(text, 'incomplete' if status == 'incomplete' else 'completed'))
+    return out + [mod_tools.function_call_item(c) for c in calls or ()]
 
 
 def record(call: Call, status: str, usage: dict | None, output: list, *, provider_id: str = '',
-           answer: dict | None = None, reason: str = '', error: dict | None = None) -> dict:
+           answer: dict | None = None, reason: str = '', error: dict | None = None, calls: list | None = None) -> dict:
     """The ledger record of ``call``; prompt and answer text only when stored under standard retention.
 
     ``answer`` is the canonical assistant item the response added to the conversation (gateway mode).
@@ -218,6 +255,11 @@ def record(call: Call, status: str, usage: dict | None, output: list, *, provide
     if keep_text:
         rec.update(instructions_hash=instructions_hash(call.instructions), instructions=call.instructions,
                    metadata=call.metadata, output=output)
+    if calls:
+        rec['tool_calls'] = mod_tools.registry(calls)
+    answered = _answered(call)
+    if answered:
+        rec['tool_outputs'] = answered
     if reason:
         rec['incomplete_details'] = {'reason': reason}
     if error:
@@ -225,6 +267,16 @@ def record(call: Call, status: str, usage: dict | None, output: list, *, provide
     if call.mode == 'gateway' and keep_text and status in _CONTINUABLE and answer is not None:
         rec['context'] = call.context + [answer]
     return rec
+
+
+def _answered(call: Call) -> list:
+    """The registry entries of the calls this request answers (joined to the response that made them)."""
+    items = call.conversation.items
+    if not items or call.previous is None:
+        return []
+    names = {c['call_id']: c['name'] for c in call.previous.get('tool_calls') or ()}
+    return [{'call_id': i['call_id'], 'name': names.get(i['call_id'], ''), 'response_id': call.previous['id'],
+             'status': 'answered'} for i in items if i['kind'] == canon.OUTPUT]
 
 
 def from_record(rec: dict) -> dict:

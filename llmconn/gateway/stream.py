@@ -94,15 +94,19 @@ class ResponseEvents:
                                    logprobs=[]))
         return out
 
-    def finish(self, text: str, final: dict) -> list[dict]:
-        """The answer is complete: close the items (adding any text not streamed) and end with ``final``."""
+    def finish(self, text: str, final: dict, calls: list | tuple = ()) -> list[dict]:
+        """The answer is complete: close the items (adding any text not streamed), add the function
+        calls (``calls``: Responses ``function_call`` items), and end with ``final``."""
         streamed = ''.join(self.text)
         out = []
         if text.startswith(streamed) and len(text) > len(streamed):
             out += self.feed('text', text[len(streamed):])
-        if not any(i['type'] == 'message' for i in self.output) and not (self.open and self.open['kind'] == 'text'):
+        if not calls and not any(i['type'] == 'message' for i in self.output) and \
+                not (self.open and self.open['kind'] == 'text'):
             out += self._close() + self._open('text')
         out += self._close()
+        for call in calls:
+            out += self._function_call(call)
         self.response = dict(final, output=self.output)
         kind = {'completed': 'response.completed', 'incomplete': 'response.incomplete'}.get(final['status'],
                                                                                            'response.failed')
@@ -122,6 +126,20 @@ class ResponseEvents:
         item = reasoning_item(text, self.open['id']) if self.open['kind'] == 'thinking' else \
             message_item(text, 'incomplete', self.open['id'])
         return self.output + [item]
+
+    def _function_call(self, item: dict) -> list[dict]:
+        """One call: added (empty arguments), its arguments as deltas, done, the item done."""
+        index = len(self.output)
+        where = {'item_id': item['id'], 'output_index': index}
+        out = [self._event('response.output_item.added', output_index=index,
+                           item=dict(item, arguments='', status='in_progress'))]
+        text = item['arguments']
+        step = max(1, len(text) // 3)
+        for start in range(0, len(text), step):
+            out.append(self._event('response.function_call_arguments.delta', **where, delta=text[start:start + step]))
+        out.append(self._event('response.function_call_arguments.done', **where, arguments=text, name=item['name']))
+        self.output.append(item)
+        return out + [self._event('response.output_item.done', output_index=index, item=item)]
 
     def _open(self, kind: str) -> list[dict]:
         index = len(self.output)
@@ -159,6 +177,11 @@ class ResponseEvents:
         return events + [self._event('response.output_item.done', output_index=current['index'], item=item)]
 
 
+def _pieces(text: str) -> list[str]:
+    step = max(1, len(text) // 3)
+    return [text[i:i + step] for i in range(0, len(text), step)]
+
+
 class ChatChunks:
     """The ``chat.completion.chunk`` objects of one streamed completion."""
 
@@ -177,6 +200,15 @@ class ChatChunks:
     def start(self) -> list[dict]:
         return [self._chunk({'role': 'assistant', 'content': ''})]
 
+    def _tool_call(self, index: int, call: dict) -> list[dict]:
+        from llmconn.gateway.tools import arguments_text
+        head = {'index': index, 'id': call['call_id'], 'type': 'function',
+                'function': {'name': call['name'], 'arguments': ''}}
+        out = [self._chunk({'tool_calls': [head]})]
+        for piece in _pieces(arguments_text(call['arguments'])):
+            out.append(self._chunk({'tool_calls': [{'index': index, 'function': {'arguments': piece}}]}))
+        return out
+
     def feed(self, kind: str, delta: str) -> list[dict]:
         if not delta:
             return []
@@ -186,9 +218,13 @@ class ChatChunks:
         self.text.append(delta)
         return [self._chunk({'content': delta})]
 
-    def finish(self, text: str, finish_reason: str, usage: dict, extra: dict) -> list:
+    def finish(self, text: str, finish_reason: str, usage: dict, extra: dict, calls: list | tuple = ()) -> list:
+        """The last chunks: any text not streamed, the tool calls as OpenAI streams them (the first chunk
+        of each with its index, id, type and name, then its arguments in pieces), the finish, the usage."""
         streamed = ''.join(self.text)
         out = self.feed('text', text[len(streamed):]) if text.startswith(streamed) else []
+        for index, call in enumerate(calls):
+            out += self._tool_call(index, call)
         last = self._chunk({}, finish_reason)
         last.update(extra)
         out.append(last)

@@ -1,0 +1,103 @@
+"""Client-defined function tools through the gateway, and the function calls a backend makes.
+
+The gateway never runs a tool: every function tool becomes a manual
+:class:`llmconn.tools.Tool` (``function=None``) and goes to the backend
+through the library's provider mapping; the backend's calls come back to the
+client as ``function_call`` output items (Responses) or ``tool_calls``
+(Chat Completions), with the provider's call id (or the one the mapping
+synthesized, recorded with the response so it never changes).
+
+The tool-call registry is part of each ledger record: ``tool_calls`` lists
+the calls a response made (call_id, name, status ``awaiting_output``), and
+the response that answers them lists them in ``tool_outputs`` (call_id,
+name, the response id that made the call, status ``answered``).
+
+Hosted tools (``web_search`` and the like) pass only when the key allows
+them and the connection lists them in its ``hosted_tools``; otherwise the
+request is refused before dispatch.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from llmconn import tools as mod_tools
+from llmconn.errors import GatewayError, InvalidInput
+from llmconn.gateway.stream import item_id
+
+FUNCTION_KINDS = (None, 'function')
+
+
+def definitions(key: Any, conn: Any, raw: Any, chat: bool = False) -> tuple[tuple, tuple]:
+    """``tools`` as (manual Tools, hosted definitions); 400 naming the entry for anything wrong."""
+    if not raw:
+        return (), ()
+    if not isinstance(raw, list):
+        raise GatewayError('tools must be a list', param='tools')
+    functions, hosted = [], []
+    for index, tool in enumerate(raw):
+        where = f'tools[{index}]'
+        if not isinstance(tool, dict):
+            raise GatewayError(f'{where} must be an object', param=where)
+        kind = tool.get('type')
+        if kind in FUNCTION_KINDS:
+            functions.append(_function(tool.get('function') if chat else tool, where + ('.function' if chat else '')))
+        elif kind in key.hosted_tools:
+            hosted.append(_hosted(conn, tool, where))
+        else:
+            raise GatewayError(f'{where}: this key may not use the hosted tool {kind!r}', param=f'{where}.type',
+                               code='hosted_tool_not_allowed')
+    try:
+        return mod_tools.prepare(functions), tuple(hosted)
+    except InvalidInput as e:
+        raise GatewayError(str(e), param='tools') from None
+
+
+def _function(spec: Any, where: str) -> mod_tools.Tool:
+    if not isinstance(spec, dict) or not isinstance(spec.get('name'), str):
+        raise GatewayError(f'{where}.name is required (a string)', param=f'{where}.name')
+    description = spec.get('description') or ''
+    parameters = spec.get('parameters')
+    if parameters is None:
+        parameters = {'type': 'object', 'properties': {}}
+    if not isinstance(description, str):
+        raise GatewayError(f'{where}.description must be a string', param=f'{where}.description')
+    return mod_tools.Tool(name=spec['name'], description=description, parameters=parameters, function=None)
+
+
+def _hosted(conn: Any, tool: dict, where: str) -> dict:
+    try:
+        return mod_tools.check_hosted([tool], conn.conf.hosted_tools)[0]
+    except InvalidInput as e:
+        raise GatewayError(f'{where}: the backend of this model does not run it ({e})', param='tools',
+                           code='hosted_tool_not_allowed') from None
+
+
+def arguments_text(arguments: Any) -> str:
+    """A call's arguments as the JSON string both OpenAI APIs carry."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+def function_call_item(call: dict, status: str = 'completed') -> dict:
+    """A Responses ``function_call`` output item (``openai.types.responses.ResponseFunctionToolCall``)."""
+    return {'type': 'function_call', 'id': 'fc_' + call['call_id'].removeprefix('call_').removeprefix('toolu_'),
+            'call_id': call['call_id'], 'name': call['name'], 'arguments': arguments_text(call['arguments']),
+            'status': status}
+
+
+def chat_tool_call(call: dict, index: int | None = None) -> dict:
+    """A Chat Completions ``tool_calls`` entry."""
+    entry = {'id': call['call_id'], 'type': 'function',
+             'function': {'name': call['name'], 'arguments': arguments_text(call['arguments'])}}
+    return entry if index is None else dict(entry, index=index)
+
+
+def with_ids(calls: list[dict]) -> list[dict]:
+    """Calls with a call id each (a backend that gave none gets one, made once here)."""
+    return [c if c.get('call_id') else dict(c, call_id=item_id('call')) for c in calls]
+
+
+def registry(calls: list[dict]) -> list[dict]:
+    """The calls a response made, as its record lists them."""
+    return [{'call_id': c['call_id'], 'name': c['name'], 'status': 'awaiting_output'} for c in calls]

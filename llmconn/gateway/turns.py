@@ -1,0 +1,140 @@
+"""A list of canonical gateway items paired into what a provider is sent: system, turns, the turn in progress.
+
+System and developer messages join the system prompt; the conversation
+becomes user/assistant turns, each assistant side a list of canonical
+:mod:`llmconn.items` (text, reasoning, calls, outputs) tagged with whose
+natives it holds. The request ends either with a user message (a new turn)
+or with the outputs of the last assistant's calls (the turn goes on: the
+backend is sent its own calls back with their outputs, as native tool
+results).
+
+Strict joins, before any network call: an output must answer a call of
+the assistant just before it (else a 400 naming its call id), and every
+call must be answered before the conversation goes on (else a 400 naming
+the unanswered ids). What the pairing cannot express otherwise is a named
+loss (``system_messages_hoisted``, ``messages_merged``) or a 400.
+"""
+
+from __future__ import annotations
+
+from llmconn import items as canon
+from llmconn.errors import GatewayError
+from llmconn.gateway.items import MERGE_SEPARATOR, SYSTEM_ROLES, Conversation
+from llmconn.gateway.policy import Policy, Resolution, check_loss
+from llmconn.types import Turn
+
+
+def to_conversation(items: list[dict], instructions: str, policy: Policy, resolution: Resolution) -> Conversation:
+    """Pair ``items`` into turns for a provider, recording (or refusing) what that loses."""
+    system = [instructions] if instructions else []
+    chat: list[dict] = []       # {'role': 'user', 'text'} | {'role': 'assistant', 'steps': [...], 'tag'}
+    for item in items:
+        kind = item.get('type', 'message')
+        if kind == 'message' and item['role'] in SYSTEM_ROLES:
+            if chat:
+                check_loss(resolution, policy, 'input', 'system_messages_hoisted',
+                           'a system or developer message after the conversation began cannot be placed there '
+                           'on this backend')
+            system.append(item['text'])
+        elif kind == 'function_call':
+            _new_call(chat, item['call_id'])
+            _assistant_steps(chat, [canon.call(item['call_id'], item['name'], item['arguments'])], '', policy,
+                             resolution, merge=False)
+        elif kind == 'function_call_output':
+            _answer(chat, item)
+        elif item['role'] == 'assistant':
+            _assistant_steps(chat, *_said(item), policy, resolution, merge=True)
+        else:
+            _user(chat, item['text'], policy, resolution)
+    return _conversation(MERGE_SEPARATOR.join(system), chat)
+
+
+def _said(item: dict) -> tuple[list, str]:
+    opaque = item.get('opaque') or {}
+    if opaque:
+        return canon.canonical(opaque.get('items') or (), item['text']), opaque.get('tag', '')
+    return [canon.text(item['text'])], ''
+
+
+def _unanswered(entry: dict) -> None:
+    pending = canon.pending_calls(entry['steps'])
+    if pending:
+        ids = ', '.join(c['call_id'] for c in pending)
+        raise GatewayError(f'the function calls {ids} have no function_call_output; answer each call (its '
+                           f'call_id and output) before the conversation goes on', param='input',
+                           code='unanswered_function_call')
+
+
+def _assistant_steps(chat: list, steps: list, tag: str, policy: Policy, resolution: Resolution,
+                     merge: bool) -> None:
+    if not chat or chat[-1]['role'] != 'assistant':
+        chat.append({'role': 'assistant', 'steps': list(steps), 'tag': tag})
+        return
+    last = chat[-1]
+    answered = last['steps'][-1]['kind'] == canon.OUTPUT
+    if merge:
+        _unanswered(last)
+        if not answered:
+            check_loss(resolution, policy, 'input', 'messages_merged',
+                       'two assistant messages in a row cannot be sent separately on this backend')
+    if tag != last['tag'] and any('native' in s for s in steps + last['steps']):
+        last['steps'], last['tag'] = canon.plain(last['steps']), ''
+        steps = canon.plain(steps)
+    last['steps'] += steps
+    last['tag'] = last['tag'] or tag
+
+
+def _new_call(chat: list, call_id: str) -> None:
+    made = {c['call_id'] for entry in chat if entry['role'] == 'assistant' for c in canon.calls(entry['steps'])}
+    if call_id in made:
+        raise GatewayError(f'the function call {call_id!r} is in the conversation twice (with previous_response_id, '
+                           f'send only the function_call_output items)', param='input', code='duplicate_call_id')
+
+
+def _answer(chat: list, item: dict) -> None:
+    last = chat[-1] if chat and chat[-1]['role'] == 'assistant' else None
+    waiting = {c['call_id'] for c in canon.pending_calls(last['steps'])} if last else set()
+    if item['call_id'] not in waiting:
+        raise GatewayError(f'function_call_output for call_id {item["call_id"]!r} answers no function call of the '
+                           f'response it continues (unknown or already answered call id)', param='input',
+                           code='unknown_call_id')
+    last['steps'].append(canon.output(item['call_id'], item['output']))
+
+
+def _user(chat: list, text: str, policy: Policy, resolution: Resolution) -> None:
+    if chat and chat[-1]['role'] == 'assistant':
+        _unanswered(chat[-1])
+    if chat and chat[-1]['role'] == 'user':
+        check_loss(resolution, policy, 'input', 'messages_merged',
+                   'two user messages in a row cannot be sent separately on this backend')
+        chat[-1] = {'role': 'user', 'text': chat[-1]['text'] + MERGE_SEPARATOR + text}
+    else:
+        chat.append({'role': 'user', 'text': text})
+
+
+def _conversation(system: str, chat: list) -> Conversation:
+    if not chat:
+        raise GatewayError('the conversation must end with a user message', param='input')
+    if chat[0]['role'] != 'user':
+        raise GatewayError('the conversation must start with a user message (after any system messages)',
+                           param='input')
+    items, tag = (), ''
+    if chat[-1]['role'] == 'assistant':
+        last = chat.pop()
+        _unanswered(last)
+        if last['steps'][-1]['kind'] != canon.OUTPUT:
+            raise GatewayError('the conversation must end with a user message or with function_call_output '
+                               'items', param='input')
+        items, tag = tuple(last['steps']), last['tag']
+    elif not chat[-1]['text'].strip():
+        raise GatewayError('the last user message is empty; send the user\'s text', param='input')
+    turns = tuple(_turn(user, assistant) for user, assistant in zip(chat[0:-1:2], chat[1:-1:2]))
+    return Conversation(system, turns, chat[-1]['text'], items=items, tag=tag)
+
+
+def _turn(user: dict, assistant: dict) -> Turn:
+    steps = assistant['steps']
+    text = canon.final_text(steps)
+    plain = len(steps) == 1 and steps[0]['kind'] == canon.TEXT and 'native' not in steps[0]
+    return Turn(user=user['text'], assistant=text, items=() if plain else tuple(steps),
+                tag=assistant['tag'] if not plain else '')
