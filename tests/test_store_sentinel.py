@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -12,7 +11,7 @@ from llmconn.errors import ChatBusy, StoreError
 from llmconn.store import chat_keys, open_store
 from llmconn.types import Turn
 from redis_topology import SentinelGroup
-from test_store_processes import CONTENDER, finish, spawn
+from serialization_checks import seen_by_processes, seen_by_threads
 
 TTL = 5.0
 
@@ -46,24 +45,11 @@ def test_calls_go_to_the_master_the_sentinels_name(group, store, unique):
 
 
 def test_twenty_concurrent_calls_on_one_chat_are_serialized(store, unique):
-    def call(i):
-        with store.begin(unique, 'shared', window=100, lock_ttl=TTL, lock_wait=30) as lock:
-            seen = len(lock.turns)
-            lock.save(Turn(user=f'{i} saw={seen}', assistant='ok'), expiry=60, max_turns=100)
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(20)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert [int(t.user.split('saw=')[1]) for t in store.history(unique, 'shared')] == list(range(20))
+    assert seen_by_threads(store, unique) == list(range(20))
 
 
 def test_processes_on_one_chat_are_serialized(group, store, unique):
-    workers = [spawn(CONTENDER, group.url, unique, '5') for _ in range(3)]
-    for worker in workers:
-        finish(worker)
-    assert [int(t.user.split('saw=')[1]) for t in store.history(unique, 'shared')] == list(range(15))
+    assert seen_by_processes(store, group.url, unique) == list(range(15))
 
 
 def test_a_failover_mid_conversation(group, store, unique):
