@@ -41,11 +41,11 @@ import gevent
 import gevent.event
 from gevent.pywsgi import WSGIServer
 
+from llmconn.listener import bind
 from llmconn.testing.fake_app import STREAM_FAULTS, FakeApp, FakeState
 from llmconn.testing.fake_control import FakeProviderProcess
 
 DEFAULT_HOST = '127.0.0.1'
-BACKLOG = 1024
 # How long start() waits for the server thread, and stop() for it to finish.
 START_TIMEOUT = 10.0
 STOP_TIMEOUT = 10.0
@@ -56,23 +56,12 @@ _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """A bound, listening socket with TCP_NODELAY, which accepted sockets inherit.
+    """The host's own listening socket (TCP_NODELAY: see :mod:`llmconn.listener`), non-blocking.
 
-    Without it pywsgi answers keep-alive requests from ``requests`` in ~44 ms
-    (Nagle's algorithm meets delayed ACKs) instead of well under 1 ms.
+    gevent accepts in a loop once the socket is readable; blocking, the last accept would hang the hub.
     """
-    family = socket.AF_INET6 if ':' in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((host, port))
-        sock.listen(BACKLOG)
-        # gevent accepts in a loop once the socket is readable; blocking, the last accept would hang the hub.
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        raise
+    sock = bind(host, port)
+    sock.setblocking(False)
     return sock
 
 
