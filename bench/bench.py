@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tests'))
 
 from redis_topology import Cluster, SentinelGroup, Servers, free_ports  # noqa: E402
+from common import interleaved, per_call  # noqa: E402
 from zato_baseline import ZatoStyleChat  # noqa: E402
 
 from llmconn import Registry  # noqa: E402
@@ -68,27 +69,6 @@ class RoundTrips:
 
     def __exit__(self, *exc):
         redis.connection.Connection.send_packed_command = self._original
-
-
-def per_call(func, n: int) -> float:
-    started = time.perf_counter()
-    for i in range(n):
-        func(i)
-    return (time.perf_counter() - started) / n
-
-
-def interleaved(funcs: dict, n: int, rounds: int) -> dict:
-    """Seconds per call of each function: the fastest of ``rounds`` blocks, run in alternation.
-
-    Blocks of different functions alternate, so drift hits all of them alike; the
-    fastest block is taken because noise on a shared machine (other processes, a
-    VM's steal time) only ever adds time, and the figures are differences of these.
-    """
-    samples = {name: [] for name in funcs}
-    for _ in range(rounds):
-        for name, func in funcs.items():
-            samples[name].append(per_call(func, n))
-    return {name: min(values) for name, values in samples.items()}
 
 
 def seed_llmconn(client, conn, chat_id: str, turns: int) -> None:

@@ -23,10 +23,7 @@ monkey.patch_all()
 
 import argparse  # noqa: E402
 import os  # noqa: E402
-import shutil  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -36,6 +33,7 @@ import gevent  # noqa: E402
 import requests  # noqa: E402
 from gevent.pool import Pool  # noqa: E402
 
+from common import free_port, start_redis  # noqa: E402
 from llmconn.demo import start_server, stop  # noqa: E402
 from llmconn.testing.fake_server import FakeProviderServer  # noqa: E402
 
@@ -44,27 +42,6 @@ LEVELS = (1, 50, 500)
 REQUESTS = {1: 600, 50: 3000, 500: 6000}     # per way and level, split over the blocks
 BLOCKS = 3
 QUESTION = [{'role': 'user', 'content': 'hello gateway'}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
-def start_redis() -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([shutil.which('redis-server'), '--port', str(port), '--bind', '127.0.0.1', '--save', '',
-                             '--appendonly', 'no'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f'redis://127.0.0.1:{port}/0'
-    import redis
-    for _ in range(100):
-        try:
-            redis.Redis.from_url(url).ping()
-            return proc, url
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    raise RuntimeError('redis-server did not start')
 
 
 def write_config(tmp: Path, fake_url: str, redis_url: str) -> Path:

@@ -29,49 +29,22 @@ monkey.patch_all()
 import argparse  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-import redis  # noqa: E402
 
 METRICS_DIR = tempfile.mkdtemp(prefix='llmconn-bench-metrics-')
 os.environ['PROMETHEUS_MULTIPROC_DIR'] = METRICS_DIR     # before prometheus_client is imported
 
+from common import start_redis  # noqa: E402
 from llmconn import Registry, observe  # noqa: E402
 from llmconn.metrics import Metrics  # noqa: E402
 from llmconn.testing.fake_server import FakeProviderServer  # noqa: E402
 from llmconn.types import Event, Request  # noqa: E402
 
 TARGET = 1.05
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
-def start_redis():
-    """A redis-server of our own: a benchmark never writes to a Redis it was not given."""
-    exe = shutil.which('redis-server')
-    if not exe:
-        sys.exit('redis-server is not on PATH; install it (apt-get install redis-server) to run the benchmark')
-    port = free_port()
-    proc = subprocess.Popen([exe, '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port, socket_connect_timeout=0.2)
-    for _ in range(200):
-        try:
-            client.ping()
-            return proc, f'redis://127.0.0.1:{port}/0'
-        except redis.ConnectionError:
-            time.sleep(0.025)
-    proc.kill()
-    sys.exit(f'redis-server did not start on port {port}')
 
 
 def per_call(func, n: int) -> tuple[float, float]:

@@ -17,15 +17,11 @@ inside the script; no round trip.
 from __future__ import annotations
 
 import argparse
-import shutil
-import socket
-import subprocess
 import sys
 import time
 import uuid
 
-import redis
-
+from common import interleaved, start_redis
 from llmconn import Registry
 from llmconn.store import open_store
 from llmconn.testing.fake_server import FakeProviderServer
@@ -34,41 +30,6 @@ from llmconn.usage import NO_LEDGER, UsageLedger
 
 TARGET = 1.05
 RESULT = {'text': 'an answer of a few words', 'usage': {'input_tokens': 120, 'output_tokens': 30}}
-
-
-def per_call(func, n: int) -> float:
-    started = time.perf_counter()
-    for i in range(n):
-        func(i)
-    return (time.perf_counter() - started) / n
-
-
-def interleaved(funcs: dict, n: int, rounds: int) -> dict:
-    samples: dict = {name: [] for name in funcs}
-    for _ in range(rounds):
-        for name, func in funcs.items():
-            samples[name].append(per_call(func, n))
-    return {name: min(values) for name, values in samples.items()}
-
-
-def start_redis() -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    exe = shutil.which('redis-server')
-    if not exe:
-        sys.exit('redis-server is not installed (apt-get install redis-server)')
-    proc = subprocess.Popen([exe, '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    for _ in range(200):
-        try:
-            client.ping()
-            return proc, f'redis://127.0.0.1:{port}/0'
-        except redis.ConnectionError:
-            time.sleep(0.02)
-    proc.kill()
-    sys.exit('redis-server did not start')
 
 
 def bench_store(url: str, n: int, rounds: int) -> tuple[float, float]:

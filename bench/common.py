@@ -1,0 +1,62 @@
+"""What the benchmarks share: a throwaway redis-server of their own and side-by-side timing.
+
+A benchmark never writes to a Redis it was not given, so each starts its own
+on a free loopback port. Import this after gevent's monkey-patching, where a
+benchmark patches.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def start_redis() -> tuple[subprocess.Popen, str]:
+    """A redis-server on a free port, without persistence; its process and URL once it answers."""
+    exe = shutil.which('redis-server')
+    if not exe:
+        sys.exit('redis-server is not on PATH; install it (apt-get install redis-server) to run the benchmark')
+    port = free_port()
+    proc = subprocess.Popen([exe, '--port', str(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port, socket_connect_timeout=0.2)
+    for _ in range(200):
+        try:
+            client.ping()
+            return proc, f'redis://127.0.0.1:{port}/0'
+        except redis.ConnectionError:
+            time.sleep(0.025)
+    proc.kill()
+    sys.exit(f'redis-server did not start on port {port}')
+
+
+def per_call(func, n: int) -> float:
+    started = time.perf_counter()
+    for i in range(n):
+        func(i)
+    return (time.perf_counter() - started) / n
+
+
+def interleaved(funcs: dict, n: int, rounds: int) -> dict:
+    """Seconds per call of each function: the fastest of ``rounds`` blocks, run in alternation.
+
+    Blocks of different functions alternate, so drift hits all of them alike; the
+    fastest block is taken because noise on a shared machine (other processes, a
+    VM's steal time) only ever adds time, and the figures are differences of these.
+    """
+    samples: dict = {name: [] for name in funcs}
+    for _ in range(rounds):
+        for name, func in funcs.items():
+            samples[name].append(per_call(func, n))
+    return {name: min(values) for name, values in samples.items()}
