@@ -118,9 +118,12 @@ def test_a_master_killed_mid_conversation(cluster, store, unique):
     cluster.servers.kill(master)
     # The killed node comes back once its replica took over, as the new master's replica, so
     # that replicas: 1 can be met again.
-    threading.Thread(target=lambda: (wait_for(lambda: master not in cluster.masters() and len(cluster.masters()) == 3,
-                                              'the replica taking over'),
-                                     cluster.servers.restart(master)), daemon=True).start()
+    # Joined before the test ends: a restart left running would race the module's cluster teardown
+    # and could leave a redis-server behind it.
+    rejoin = threading.Thread(target=lambda: (wait_for(lambda: master not in cluster.masters()
+                                                       and len(cluster.masters()) == 3, 'the replica taking over'),
+                                              cluster.servers.restart(master)), daemon=True)
+    rejoin.start()
     deadline = time.monotonic() + 20
     recovered_at = None
     i = 0
@@ -134,6 +137,7 @@ def test_a_master_killed_mid_conversation(cluster, store, unique):
         except (StoreError, ChatBusy):
             time.sleep(0.1)
         i += 1
+    rejoin.join(30)
     assert recovered_at is not None, 'no call succeeded after the failover'
     stored = [t.user for t in store.history(unique, 'c')]
     assert len(stored) == len(set(stored))                  # nothing doubled
