@@ -4,7 +4,7 @@ A socket read timeout bounds each ``recv``, not a call: a server sending one
 byte every 1.5 s never trips a 2 s read timeout and can hold a call (and its
 chat lock) for as long as it likes. A :class:`Deadline` bounds the call
 itself. While one is active (``with deadline.watching():`` around
-``Session.send``), every connection the pool hands out is recorded on it;
+the pool's ``urlopen``), every connection the pool hands out is recorded on it;
 when it expires, one shared watchdog shuts those sockets down, which wakes
 the blocked read at once (plain threads and gevent alike: ``shutdown`` is a
 kernel-level event both see), and :attr:`Deadline.fired` tells the caller
@@ -31,7 +31,6 @@ import socket
 import threading
 import time as mod_time
 
-from requests.adapters import HTTPAdapter
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 _current: contextvars.ContextVar['Deadline | None'] = contextvars.ContextVar('llmconn_deadline', default=None)
@@ -186,16 +185,3 @@ class WatchedHTTPSPool(_Watched, HTTPSConnectionPool):
 
 
 WATCHED_POOLS = {'http': WatchedHTTPPool, 'https': WatchedHTTPSPool}
-
-
-class WatchedAdapter(HTTPAdapter):
-    """A requests adapter whose pools record their connections on the active :class:`Deadline`."""
-
-    def init_poolmanager(self, *args, **kwargs) -> None:
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = WATCHED_POOLS
-
-    def proxy_manager_for(self, proxy, **kwargs):
-        manager = super().proxy_manager_for(proxy, **kwargs)
-        manager.pool_classes_by_scheme = WATCHED_POOLS
-        return manager

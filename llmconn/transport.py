@@ -1,8 +1,16 @@
-"""HTTP to the providers: one pooled ``requests.Session`` per connection, retries, SSE.
+"""HTTP to the providers: one urllib3 connection pool per connection, retries, SSE.
 
-This is the one place where ``requests`` exceptions are translated into
+urllib3 is the engine under ``requests``; the transport drives its pools
+directly because every call goes to the same origin with the same method
+and headers, and ``requests``' per-call layers (adapter, hooks, cookie jar,
+settings merge) cost about a third of the CPU of a call without doing
+anything an LLM API needs. The connection handling (keep-alive, dropped
+connection detection, TLS verification against certifi's bundle, proxies
+from the environment) stays urllib3's own.
+
+This is the one place where HTTP exceptions are translated into
 :class:`~llmconn.errors.LLMError` and its subclasses; nothing above it sees
-``requests.exceptions``.
+``urllib3.exceptions``.
 
 Retry policy: 408, 409, 429, 5xx and 529 answers, and connections that could
 not be opened, are retried at most ``max_retries`` times. The provider's
@@ -29,18 +37,23 @@ an event stream as an :class:`~llmconn.sse.EventStream`.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
 import random
 import time as mod_time
 from typing import Any, Iterator
+from urllib.parse import urlsplit
 
-import requests
+import certifi
+import urllib3
+from requests.utils import get_environ_proxies
+from urllib3 import exceptions as http_errors
 
-from llmconn import observe
+from llmconn import __version__, observe
 from llmconn.answers import parse_retry_after, provider_message
-from llmconn.deadline import Deadline, WatchedAdapter
+from llmconn.deadline import WATCHED_POOLS, Deadline
 from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
 from llmconn.redact import scrub
 from llmconn.sse import SSE, EventStream, JSONBody, decode_json, iter_sse, sniff
@@ -56,13 +69,16 @@ RETRY_AFTER_CAP = 60.0      # a provider asking for more than this is treated as
 CONNECT_TIMEOUT_CAP = 10.0  # opening a TCP connection never needs the whole read timeout
 ERROR_BODY_CHARS = 10000    # how much of a non-JSON error body is kept for the caller
 DEFAULT_STREAM_TIMEOUT = 600.0  # the longest a whole stream may take, unless configured
+DEFAULT_HEADERS = {'user-agent': f'llmconn/{__version__}', 'accept': '*/*', 'accept-encoding': 'gzip, deflate'}
+# What a failed send or read raises: urllib3's own errors, the socket's, and http.client's.
+HTTP_ERRORS = (http_errors.HTTPError, http.client.HTTPException, OSError)
 
 
 class Transport:
     """Sends JSON to one provider connection, with its pool, timeout and retry budget."""
 
     def __init__(self, name: str, *, pool_size: int, timeout: float, max_retries: int,
-                 secret: str = '', address: str = '', sleep=None, session: requests.Session | None = None,
+                 secret: str = '', address: str = '', sleep=None,
                  stream_timeout: float = DEFAULT_STREAM_TIMEOUT) -> None:
         self.name = name
         self.timeout = (min(timeout, CONNECT_TIMEOUT_CAP), timeout)
@@ -70,13 +86,13 @@ class Transport:
         self.max_retries = max_retries
         self._secret = secret
         self.sleep = sleep or mod_time.sleep
-        self.session = session or requests.Session()
-        adapter = WatchedAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
-        self.session.mount('http://', adapter)
-        self.session.mount('https://', adapter)
-        if address:
-            read_environment_once(self.session, address)
-        self._prepared: dict[tuple, tuple] = {}
+        self.proxy, self.ca_certs = read_environment(address)
+        options = {'num_pools': 4, 'maxsize': pool_size, 'block': False, 'retries': False,
+                   'cert_reqs': 'CERT_REQUIRED', 'ca_certs': self.ca_certs}
+        self._manager = urllib3.ProxyManager(self.proxy, **options) if self.proxy else urllib3.PoolManager(**options)
+        self._manager.pool_classes_by_scheme = WATCHED_POOLS
+        self._targets: dict[str, tuple] = {}
+        self._headers: dict[int, tuple] = {}
 
     def __repr__(self) -> str:
         return f'<Transport {self.name!r}>'
@@ -110,14 +126,14 @@ class Transport:
         try:
             response = self._send('POST', url, headers, body, stream=True, deadline=deadline)
             try:
-                first, chunks = sniff(response.iter_content(chunk_size=None))
+                first, chunks = sniff(response.iter_content())
                 if first in (b'{', b'['):
                     answer = JSONBody(self._json_body(response, b''.join(chunks)))
                     self._raise_if_expired(deadline, stream=True)
                     response.close()
                     deadline.cancel()
                     return answer
-            except (requests.RequestException, LLMError) as e:
+            except (*HTTP_ERRORS, LLMError) as e:
                 response.close()
                 self._raise_if_expired(deadline, stream=True)
                 if isinstance(e, LLMError):
@@ -138,7 +154,7 @@ class Transport:
                     deadline.move(end)           # the caller's time between events is not the provider's
                     yield event
                     deadline.move(min(end, mod_time.monotonic() + self.timeout[1]))
-            except (requests.RequestException, LLMError) as e:
+            except (*HTTP_ERRORS, LLMError) as e:
                 self._raise_if_expired(deadline, stream=True)
                 if isinstance(e, LLMError):
                     raise
@@ -153,7 +169,7 @@ class Transport:
         return self._error(f'the stream broke before it was complete ({type(e).__name__}); try again')
 
     def close(self) -> None:
-        self.session.close()
+        self._manager.clear()
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -166,7 +182,7 @@ class Transport:
                                   answer_errors=answer_errors)
             try:
                 response.content    # noqa: B018 - read the body while the deadline watches
-            except requests.RequestException as e:
+            except HTTP_ERRORS as e:
                 self._raise_if_expired(deadline)
                 raise self._error(f'the answer broke before it was complete ({type(e).__name__}); '
                                   f'try again') from None
@@ -194,10 +210,9 @@ class Transport:
             started = mod_time.perf_counter()
             try:
                 with deadline.watching():
-                    response = self.session.send(self._prepare(method, url, headers, data),
-                                                 timeout=self._socket_timeout(deadline), stream=stream)
-            except requests.RequestException as e:
-                observe.provider_call(self.name, 'timeout' if deadline.fired or isinstance(e, requests.Timeout)
+                    response = self._open(method, url, headers, data, deadline)
+            except HTTP_ERRORS as e:
+                observe.provider_call(self.name, 'timeout' if deadline.fired or _timed_out(e)
                                       else 'unreachable', started, attempt)
                 self.sleep(self._unsent_wait(e, attempt, last, deadline))
                 continue
@@ -215,17 +230,17 @@ class Transport:
             self.sleep(wait)
         raise AssertionError('unreachable')
 
-    def _unsent_wait(self, e: requests.RequestException, attempt: int, last: bool, deadline: Deadline) -> float:
+    def _unsent_wait(self, e: Exception, attempt: int, last: bool, deadline: Deadline) -> float:
         """How long to wait before retrying a request that got no answer; raises when it must not be."""
         self._raise_if_expired(deadline)
-        if isinstance(e, requests.Timeout) and not isinstance(e, requests.ConnectTimeout):
+        if _timed_out(e) and not _connect_timed_out(e):
             raise LLMTimeout(self._redact(f'{self.name}: no answer from the provider within '
                                           f'{self.timeout[1]:g} s; raise "timeout" or check the provider'),
                              connection=self.name) from None
         wait = self._backoff(attempt)
-        if isinstance(e, requests.ConnectionError) and not last and wait < deadline.remaining():
-            return wait
-        if isinstance(e, requests.Timeout):
+        if not isinstance(e, ValueError) and not last and wait < deadline.remaining():
+            return wait     # not connected, reset, or cut before the answer: sending again is safe
+        if _connect_timed_out(e):
             raise LLMTimeout(self._redact(f'{self.name}: could not connect to the provider in time; '
                                           f'check "address" and that the provider is up'),
                              connection=self.name) from None
@@ -236,36 +251,46 @@ class Transport:
         """The error for an answer that will not be retried (its body read within the deadline)."""
         try:
             error = self._status_error(response)
-        except requests.RequestException as e:
+        except HTTP_ERRORS as e:
             self._raise_if_expired(deadline)
             return self._error(f'the error answer broke before it was complete ({type(e).__name__}); '
                                f'try again', status=response.status_code)
         self._raise_if_expired(deadline)
         return error
 
-    def _socket_timeout(self, deadline: Deadline) -> tuple[float, float]:
+    def _socket_timeout(self, deadline: Deadline) -> urllib3.Timeout:
         """Per-socket-operation timeouts, never beyond what is left of the deadline."""
         left = max(0.001, deadline.remaining())
-        return min(self.timeout[0], left), min(self.timeout[1], left)
+        return urllib3.Timeout(connect=min(self.timeout[0], left), read=min(self.timeout[1], left))
 
-    def _prepare(self, method: str, url: str, headers: dict, data: bytes | None) -> requests.PreparedRequest:
-        """The request to send: a copy of one prepared per method, URL and headers, with this body.
+    def _open(self, method: str, url: str, headers: dict, data: bytes | None, deadline: Deadline) -> 'Answer':
+        """Send one request on a pooled connection; the answer's headers are read, its body is not."""
+        pool, target = self._target(url)
+        raw = pool.urlopen(method, target, body=data, headers=self._with_defaults(headers), retries=False,
+                           redirect=False, assert_same_host=False, timeout=self._socket_timeout(deadline),
+                           preload_content=False, decode_content=True, release_conn=False)
+        return Answer(raw)
 
-        ``Session.request`` would parse the URL and merge settings, headers and
-        cookies anew for every call (about 70 µs of CPU); a connection always
-        sends the same method, URL and headers, so that work is done once.
-        Cookies a provider sets later are not sent back: LLM APIs use none.
+    def _target(self, url: str) -> tuple:
+        """The pool for ``url``'s origin and what goes on the request line, found once per URL.
+
+        ``PoolManager.urlopen`` would parse the URL and look its pool up on
+        every call; a connection always calls the same few URLs.
         """
-        key = (method, url)
-        cached = self._prepared.get(key)
+        found = self._targets.get(url)
+        if found is None:
+            parts = urlsplit(url)
+            through_proxy = self.proxy is not None and parts.scheme == 'http'
+            path = url if through_proxy else (parts.path or '/') + (f'?{parts.query}' if parts.query else '')
+            found = self._targets[url] = (self._manager.connection_from_url(url), path)
+        return found
+
+    def _with_defaults(self, headers: dict) -> dict:
+        """``headers`` over the transport's defaults, merged once per headers dict a connection keeps."""
+        cached = self._headers.get(id(headers))
         if cached is None or cached[0] is not headers:
-            cached = self._prepared[key] = (headers, self.session.prepare_request(
-                requests.Request(method, url, headers=headers)))
-        prepared = cached[1].copy()
-        if data is not None:
-            prepared.body = data
-            prepared.headers['Content-Length'] = str(len(data))
-        return prepared
+            cached = self._headers[id(headers)] = (headers, {**DEFAULT_HEADERS, **{k.lower(): v for k, v in headers.items()}})
+        return cached[1]
 
     def _retry_wait(self, response, attempt: int) -> float | None:
         """Seconds to wait before retrying this answer, or None when it must not be retried."""
@@ -326,18 +351,58 @@ class Transport:
         return scrub(value, self._secret)
 
 
-def read_environment_once(session: requests.Session, address: str) -> None:
-    """Settle proxy and CA-bundle settings from the environment now, not on every request.
+def read_environment(address: str) -> tuple[str | None, str]:
+    """The proxy for ``address`` and the CA bundle, settled from the environment once.
 
-    With ``trust_env`` on, requests scans the whole environment for proxies on
-    each call (about 100 µs, more than a Redis round trip). A connection talks to
-    one address, so the answer never changes: read it once, then turn the scan off.
+    ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``NO_PROXY`` and ``REQUESTS_CA_BUNDLE`` /
+    ``CURL_CA_BUNDLE`` mean what they mean to ``requests``. A connection talks to
+    one address, so the answer never changes while it lives.
     """
-    session.proxies.update(requests.utils.get_environ_proxies(address))
-    bundle = os.environ.get('REQUESTS_CA_BUNDLE') or os.environ.get('CURL_CA_BUNDLE')
-    if bundle:
-        session.verify = bundle
-    session.trust_env = False
+    proxies = get_environ_proxies(address) if address else {}
+    scheme = urlsplit(address).scheme or 'https'
+    proxy = proxies.get(scheme) or proxies.get('all')
+    bundle = os.environ.get('REQUESTS_CA_BUNDLE') or os.environ.get('CURL_CA_BUNDLE') or certifi.where()
+    return proxy or None, bundle
+
+
+class Answer:
+    """A provider's answer as the transport reads it: status, headers, then the body once."""
+
+    __slots__ = ('raw', 'status_code', 'headers', '_content')
+
+    def __init__(self, raw: urllib3.BaseHTTPResponse) -> None:
+        self.raw = raw
+        self.status_code = raw.status
+        self.headers = raw.headers          # case-insensitive
+        self._content: bytes | None = None
+
+    @property
+    def content(self) -> bytes:
+        """The whole body, decoded (gzip, deflate); the connection goes back to the pool after it."""
+        if self._content is None:
+            self._content = self.raw.read(decode_content=True)
+            self.raw.release_conn()
+        return self._content
+
+    def iter_content(self) -> Iterator[bytes]:
+        """The body's chunks as they arrive."""
+        return self.raw.stream(None, decode_content=True)
+
+    def close(self) -> None:
+        """Done with the answer: a body not read to its end closes the connection instead of reusing it."""
+        if self._content is None:
+            self.raw.close()
+        self.raw.release_conn()
+
+
+def _timed_out(e: BaseException) -> bool:
+    """A connect or read that ran out of time (not a refused connection, which urllib3 files under timeouts)."""
+    return isinstance(e, (http_errors.TimeoutError, TimeoutError)) and not isinstance(e, http_errors.NewConnectionError)
+
+
+def _connect_timed_out(e: BaseException) -> bool:
+    """A connect that timed out (urllib3's "could not connect" error is a subclass of its connect timeout)."""
+    return isinstance(e, http_errors.ConnectTimeoutError) and not isinstance(e, http_errors.NewConnectionError)
 
 
 def _encode(body: dict) -> bytes:

@@ -139,11 +139,12 @@ def test_proxy_environment_is_read_once_per_connection(monkeypatch):
     monkeypatch.setenv('REQUESTS_CA_BUNDLE', '/etc/ssl/corp.pem')
     remote = Transport('r', pool_size=1, timeout=5, max_retries=0, address='https://api.anthropic.com')
     local = Transport('l', pool_size=1, timeout=5, max_retries=0, address='http://127.0.0.1:11434/v1')
-    assert remote.session.proxies.get('https') == 'http://proxy.internal:3128'
-    assert remote.session.verify == '/etc/ssl/corp.pem'
-    assert not local.session.proxies
-    # No environment scan per request any more: the answer was settled above.
-    assert remote.session.trust_env is False and local.session.trust_env is False
+    assert remote.proxy == 'http://proxy.internal:3128'
+    assert remote.ca_certs == '/etc/ssl/corp.pem'
+    assert local.proxy is None
+    # No environment scan per request: the answer was settled above, and stays.
+    monkeypatch.delenv('HTTPS_PROXY')
+    assert remote.proxy == 'http://proxy.internal:3128'
 
 
 def test_secret_is_masked_inside_a_json_error_body(server):
