@@ -82,6 +82,11 @@ def canonical(items: Iterable, assistant: str) -> list[dict]:
     return out
 
 
+def is_plain(steps: list[dict]) -> bool:
+    """A turn that is one text answer and nothing else (no calls, reasoning or natives)."""
+    return len(steps) == 1 and steps[0]['kind'] == TEXT and 'native' not in steps[0]
+
+
 def plain(items: Iterable[dict]) -> list[dict]:
     """The items as a provider other than their maker may see them: no opaque kinds, no natives."""
     return [{k: v for k, v in item.items() if k != 'native'} for item in items if item['kind'] not in OPAQUE]

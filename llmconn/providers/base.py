@@ -87,6 +87,8 @@ class Provider:
 
     def steps(self, turn: Turn) -> list[dict]:
         """A stored turn's items as this provider may see them: natives only where they were made."""
+        if not turn.items:          # a plain text turn, the common case: no canonical form to build
+            return [{'kind': mod_items.TEXT, 'text': turn.assistant}]
         steps = turn.steps()
         return steps if turn.tag == self.tag else mod_items.plain(steps)
 

@@ -212,6 +212,9 @@ class _StreamState:
 def _turn_messages(user: str, steps: list[dict]) -> list[dict]:
     """One turn as alternating messages: the user's, then each round's assistant blocks and results."""
     messages: list[dict[str, Any]] = [{'role': 'user', 'content': user}]
+    if mod_items.is_plain(steps):
+        messages.append({'role': 'assistant', 'content': nonempty(steps[0]['text'])})
+        return messages
     for said, answers in mod_items.rounds(steps):
         if said:
             messages.append({'role': 'assistant', 'content': _assistant_content(said)})

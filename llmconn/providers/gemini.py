@@ -187,6 +187,9 @@ class _Answer:
 def _turn_contents(user: str, steps: list[dict]) -> list[dict]:
     """One turn: the user's text, each round's model parts, and one functionResponse per call."""
     contents: list[dict[str, Any]] = [{'role': 'user', 'parts': [{'text': user}]}]
+    if mod_items.is_plain(steps):
+        contents.append({'role': 'model', 'parts': [{'text': nonempty(steps[0]['text'])}]})
+        return contents
     names: dict[str, dict] = {}
     for said, answers in mod_items.rounds(steps):
         parts = [_part(item) for item in said]

@@ -199,6 +199,9 @@ class _Answer:
 def _turn_messages(user: str, steps: list[dict]) -> list[dict]:
     """One turn: the user's message, each round's assistant message, one tool message per output."""
     messages: list[dict[str, Any]] = [{'role': 'user', 'content': user}]
+    if mod_items.is_plain(steps):
+        messages.append({'role': 'assistant', 'content': nonempty(steps[0]['text'])})
+        return messages
     for said, answers in mod_items.rounds(steps):
         calls = mod_items.calls(said)
         text = ''.join(i['text'] for i in said if i['kind'] in (mod_items.TEXT, mod_items.REFUSAL))

@@ -241,6 +241,8 @@ class ResponsesChain(Chain):
 
 
 def _turn_items(user: str, steps: list[dict]) -> list[dict]:
+    if mod_items.is_plain(steps):
+        return [_message('user', user), _message('assistant', nonempty(steps[0]['text']))]
     return [_message('user', user)] + _round_items(steps)
 
 
