@@ -24,7 +24,7 @@ from typing import Any
 
 from llmconn.errors import GatewayError
 from llmconn import items as canon
-from llmconn.gateway import backend, items as mod_items, tools as mod_tools
+from llmconn.gateway import backend, input_items, items as mod_items, tools as mod_tools
 from llmconn.gateway.capabilities import RESPONSES
 from llmconn.gateway.policy import Policy, resolve
 from llmconn.gateway.ledger import new_response_id
@@ -56,6 +56,7 @@ class Call:
     conversation: mod_items.Conversation
     context: list                  # the canonical items the new response continues (gateway mode)
     previous: dict | None
+    input: list = field(default_factory=list)      # this request's own input items (canonical)
     provider_previous_id: str = ''
     tools: tuple = ()               # manual llmconn Tools (the client runs them)
     hosted: tuple = ()              # hosted tool definitions the key and the connection allow
@@ -92,7 +93,7 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
     return Call(key=key, conn=conn, model=model, stream=stream, store=store, mode=mode,
                 instructions=instructions, metadata=_metadata(body.get('metadata'), resolution.downgrades),
                 params=resolution.params, downgrades=resolution.downgrades, conversation=conversation,
-                context=context, previous=previous, expiry=gw.config.response_expiry,
+                context=context, previous=previous, input=new_items, expiry=gw.config.response_expiry,
                 provider_previous_id=previous['provider_response_id'] if _provider_kept(previous) else '',
                 tools=tools, hosted=hosted, echo_tools=[_echo(t) for t in tools])
 
@@ -254,7 +255,7 @@ def record(call: Call, status: str, usage: dict | None, output: list, *, provide
     keep_text = call.store and call.key.retention == 'standard'
     if keep_text:
         rec.update(instructions_hash=instructions_hash(call.instructions), instructions=call.instructions,
-                   metadata=call.metadata, output=output)
+                   metadata=call.metadata, output=output, input_items=input_items.render(call.id, call.input))
     if calls:
         rec['tool_calls'] = mod_tools.registry(calls)
     answered = _answered(call)
