@@ -277,7 +277,7 @@ def test_an_unsupported_field_is_refused_naming_it(gw):
     with pytest.raises(openai.BadRequestError) as tools:
         gw.client().responses.create(model='Chat', input='hi', tools=[
             {'type': 'function', 'name': 'not a name!', 'parameters': {'type': 'object', 'properties': {}}}])
-    assert tools.value.body['param'] == 'tools' and 'not a name!' in tools.value.message
+    assert tools.value.body['param'] == 'tools[0].name' and 'not a name!' in tools.value.message
     with pytest.raises(openai.BadRequestError) as unknown:
         gw.client().responses.create(model='Chat', input='hi', extra_body={'frobnicate': 1})
     assert unknown.value.body['param'] == 'frobnicate'

@@ -24,6 +24,7 @@ from typing import Any, Iterator
 from llmconn.errors import GatewayError, LLMConnError, StoreError
 from llmconn.gateway import backend, call_registry, items as mod_items, tools as mod_tools
 from llmconn.gateway.capabilities import CHAT
+from llmconn.gateway.echo import bounded
 from llmconn.gateway.policy import Policy, resolve
 from llmconn.gateway.responses import DOWNGRADES_KEY
 from llmconn.gateway.stream import ChatChunks, chat_sse
@@ -142,7 +143,7 @@ def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provide
         ended = True
         _count(gw, call, 'failed', None)
         # Chat Completions has no failure event: OpenAI sends an error object in the stream and stops.
-        yield chat_sse({'error': {'message': str(e), 'type': 'server_error', 'param': None, 'code': None}})
+        yield chat_sse({'error': {'message': bounded(str(e)), 'type': 'server_error', 'param': None, 'code': None}})
     finally:
         provider.close()
         if not ended:

@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from llmconn.errors import GatewayError
+from llmconn.gateway.echo import param as echo_param, shown
 from llmconn.gateway.tools import function_call_item
 
 DEFAULT_LIMIT = 20              # OpenAI's defaults and bounds
@@ -79,8 +80,8 @@ def parse_query(query_string: str) -> dict:
     for name, value in pairs:
         name = 'include' if name == 'include[]' else name      # the SDK's spelling of a list
         if name not in _PARAMS:
-            raise GatewayError(f'unknown query parameter for input_items; the parameters are {", ".join(_PARAMS)}',
-                               param=name[:64], code='unknown_parameter')
+            raise GatewayError(f'unknown query parameter {shown(name)} for input_items; the parameters are '
+                               f'{", ".join(_PARAMS)}', param=echo_param(name), code='unknown_parameter')
         if name == 'include':
             if value:
                 raise GatewayError('include is not supported on input_items: the gateway\'s items have no '

@@ -15,6 +15,7 @@ from typing import Any
 
 from llmconn.errors import GatewayError
 from llmconn.gateway.capabilities import LOSSES, ROUTES, UNSUPPORTED, Support
+from llmconn.gateway.echo import param as echo_param, shown, shown_all
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Policy:
                                param='fallback_policy')
         unknown = sorted(set(losses) - set(LOSSES))
         if unknown:
-            raise GatewayError(f'fallback_policy.allowed_losses: unknown loss {", ".join(unknown)}; '
+            raise GatewayError(f'fallback_policy.allowed_losses: unknown loss {shown_all(unknown)}; '
                                f'known losses are {", ".join(sorted(LOSSES))}', param='fallback_policy.allowed_losses')
         return cls(allow, frozenset(losses))
 
@@ -72,8 +73,8 @@ def resolve(route: str, kind: str, body: dict, policy: Policy) -> Resolution:
     fields = ROUTES[route]
     unknown = sorted(set(body) - set(fields))
     if unknown:
-        raise GatewayError(f'unknown field {unknown[0]!r} for {route}; the gateway refuses fields it does not know '
-                           f'rather than ignore them', param=unknown[0], code='unknown_field')
+        raise GatewayError(f'unknown field {shown(unknown[0])} for {route}; the gateway refuses fields it does not '
+                           f'know rather than ignore them', param=echo_param(unknown[0]), code='unknown_field')
     resolution = Resolution()
     for name, value in body.items():
         spec = fields[name]

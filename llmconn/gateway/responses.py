@@ -26,6 +26,7 @@ from llmconn.errors import GatewayError
 from llmconn import items as canon
 from llmconn.gateway import backend, input_items, items as mod_items, tools as mod_tools
 from llmconn.gateway.capabilities import RESPONSES
+from llmconn.gateway.echo import shown, shown_all
 from llmconn.gateway.policy import Policy, resolve
 from llmconn.gateway.ledger import new_response_id
 from llmconn.gateway.stream import message_item, reasoning_item
@@ -134,13 +135,13 @@ def _provider_outputs(previous: dict, new_items: list) -> mod_items.Conversation
             raise GatewayError('input may hold only function_call_output items when it answers the calls of a '
                                'response the backend keeps', param='input')
         if item['call_id'] not in waiting or item['call_id'] in {o['call_id'] for o in outputs}:
-            raise GatewayError(f'function_call_output for call_id {item["call_id"]!r} answers no function call '
+            raise GatewayError(f'function_call_output for call_id {shown(item["call_id"])} answers no function call '
                                f'of the response it continues (unknown or already answered call id)',
                                param='input', code='unknown_call_id')
         outputs.append(canon.output(item['call_id'], item['output']))
     missing = [c for c in waiting if c not in {o['call_id'] for o in outputs}]
     if missing:
-        raise GatewayError(f'the function calls {", ".join(missing)} have no function_call_output; answer each '
+        raise GatewayError(f'the function calls {shown_all(missing)} have no function_call_output; answer each '
                            f'call (its call_id and output) before the conversation goes on', param='input',
                            code='unanswered_function_call')
     return mod_items.Conversation('', (), '', items=tuple(outputs), tag='')
@@ -155,7 +156,7 @@ def check_hosted_tools(key: Any, tools: Any) -> None:
     for index, tool in enumerate(tools):
         kind = tool.get('type') if isinstance(tool, dict) else None
         if kind not in (None, 'function', 'custom') and kind not in key.hosted_tools:
-            raise GatewayError(f'tools[{index}]: this key may not use the hosted tool {kind!r}',
+            raise GatewayError(f'tools[{index}]: this key may not use the hosted tool {shown(kind)}',
                                param=f'tools[{index}].type', code='hosted_tool_not_allowed')
 
 
@@ -186,7 +187,7 @@ def _previous(gw: Any, key: Any, previous_id: Any, conn: Any) -> dict | None:
         return None
     record = gw.ledger.get(key.tenant, previous_id) if isinstance(previous_id, str) else None
     if record is None or not key.may_use(record['model']):
-        raise GatewayError(f'Previous response with id {previous_id!r} not found.', 404,
+        raise GatewayError(f'Previous response with id {shown(previous_id)} not found.', 404,
                            param='previous_response_id', code='previous_response_not_found')
     if record['status'] not in _CONTINUABLE:
         raise GatewayError(f'previous response {previous_id} is {record["status"]}; only a completed response '

@@ -24,6 +24,7 @@ from typing import Any, Iterable
 from llmconn.errors import (GatewayError, InvalidInput, LLMAuthError, LLMConnError, LLMError, LLMRateLimited,
                             LLMTimeout, StoreError)
 from llmconn.gateway import chat_completions, dispatch, input_items, responses
+from llmconn.gateway.echo import MAX_PARAM_CHARS, bounded, shown
 from llmconn.gateway.keys import GatewayConfig, bearer_token, find_key
 from llmconn.gateway.ledger import Ledger, ledger_client
 from llmconn.responses import HTTPFailure
@@ -54,7 +55,7 @@ class Gateway:
             raise GatewayError('model is required: the name of a connection (GET /v1/models lists them)',
                                param='model')
         if not key.may_use(model) or model not in self.registry:
-            raise GatewayError(f'The model {model!r} does not exist or you do not have access to it.', 404,
+            raise GatewayError(f'The model {shown(model)} does not exist or you do not have access to it.', 404,
                                param='model', code='model_not_found')
         from llmconn.gateway.backend import check_usable
         conn = self.registry[model]
@@ -113,14 +114,14 @@ def _route(gw: Gateway, key: Any, environ: dict, method: str, route: str) -> tup
         wanted = route[len('models/'):]
         found = [m for m in models if m['id'] == wanted]
         if not found:
-            raise GatewayError(f'The model {wanted!r} does not exist or you do not have access to it.', 404,
+            raise GatewayError(f'The model {shown(wanted)} does not exist or you do not have access to it.', 404,
                                param='model', code='model_not_found')
         return _json(200, found[0])
-    raise GatewayError(f'no gateway route {method} /v1/{route}', 404, code='not_found')
+    raise GatewayError(f'no gateway route {shown(method)} {shown("/v1/" + route)}', 404, code='not_found')
 
 
 def _missing(response_id: str) -> GatewayError:
-    return GatewayError(f'Response with id {response_id!r} not found.', 404, code='not_found')
+    return GatewayError(f'Response with id {shown(response_id)} not found.', 404, code='not_found')
 
 
 def _stored_response(gw: Gateway, key: Any, method: str, response_id: str) -> tuple:
@@ -146,7 +147,7 @@ def _model(name: str) -> dict:
 
 def _allow(method: str, *allowed: str) -> None:
     if method not in allowed:
-        raise GatewayError(f'use {" or ".join(allowed)} here, not {method}', 405, code='method_not_allowed')
+        raise GatewayError(f'use {" or ".join(allowed)} here, not {shown(method)}', 405, code='method_not_allowed')
 
 
 def _read_json(environ: dict) -> Any:
@@ -186,13 +187,17 @@ def classify(e: BaseException) -> GatewayError:
 
 
 def error(e: BaseException, cid: str, what: str) -> tuple:
+    """The OpenAI-shaped answer to ``e``: message and param bounded, whatever they quote."""
     failure = classify(e)
     if failure.status >= 500:
-        logger.error('%s failed with %d (cid=%s): %s', what, failure.status, cid, failure,
-                     exc_info=not isinstance(e, LLMConnError))
+        logger.error('%s failed with %d (cid=%s): %s', bounded(what, MAX_PARAM_CHARS), failure.status, cid,
+                     bounded(str(failure)), exc_info=not isinstance(e, LLMConnError))
     headers = [('WWW-Authenticate', 'Bearer')] if failure.status == 401 else []
-    status, base, body = _json(failure.status, failure.body())
-    return status, base + headers, body
+    body = failure.body()
+    body['error'].update(message=bounded(body['error']['message']),
+                         param=bounded(body['error']['param'], MAX_PARAM_CHARS))
+    status, base, data = _json(failure.status, body)
+    return status, base + headers, data
 
 
 def _json(status: int, data: Any) -> tuple:
