@@ -27,7 +27,7 @@ from llmconn import items as canon
 from llmconn.gateway import backend, input_items, items as mod_items, tools as mod_tools
 from llmconn.gateway.capabilities import RESPONSES
 from llmconn.gateway.echo import shown, shown_all
-from llmconn.gateway.policy import Policy, resolve
+from llmconn.gateway.policy import Policy, check_history, resolve
 from llmconn.gateway.ledger import new_response_id
 from llmconn.gateway.stream import message_item, reasoning_item
 
@@ -88,6 +88,7 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
     mode = 'none' if not store else 'provider' if backend.keeps_state(conn) else \
         'none' if key.retention == 'zero' else 'gateway'
     context, conversation = _conversation(previous, new_items, instructions or '', policy, resolution)
+    check_history(RESPONSES, backend.kind(conn), conversation)
     if resolution.downgrades:
         logger.info('Downgrade accepted: tenant=%s key=%s model=%s losses=%s', key.tenant, key.id, model,
                     ','.join(resolution.downgrades))
