@@ -338,7 +338,7 @@ def test_zero_retention_and_store_false_leave_no_prompt_text_in_redis(gw):
     assert gw.record('a', kept.id)['store_mode'] == 'gateway'
     record = gw.record('zero', plain.id)
     assert record['status'] == 'completed' and record['usage']['input_tokens'] > 0
-    assert record['store_mode'] == 'none' and record['counts'] == {'input_items': 1, 'output_items': 1}
+    assert record['store_mode'] == 'none' and record['counts'] == {'input_items': 1, 'output_items': 1, 'function_calls': 0}
     assert gw.record('zero', streamed.id)['status'] == 'completed'
     assert gw.record('a', unstored.id)['store_mode'] == 'none'
     with pytest.raises(openai.BadRequestError) as refused:

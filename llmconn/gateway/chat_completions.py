@@ -97,8 +97,8 @@ def complete(gw: Any, call: ChatCall) -> dict:
         _count(gw, call, 'failed', None)
         raise
     status, _ = backend.finish(call.conn, reply.raw)
-    _count(gw, call, status, reply)
     calls = _remember(gw, call, reply)
+    _count(gw, call, status, reply, calls)
     message: dict = {'role': 'assistant', 'content': reply.text or (None if calls else ''), 'refusal': None}
     if reply.thinking:
         message['reasoning_content'] = reply.thinking
@@ -133,8 +133,8 @@ def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provide
                 continue
             status, _ = backend.finish(call.conn, event.reply.raw)
             ended = True
-            _count(gw, call, status, event.reply)
             calls = _remember(gw, call, event.reply)
+            _count(gw, call, status, event.reply, calls)
             for chunk in chunks.finish(event.reply.text, _finish_reason(status, calls), _usage(event.reply),
                                        call.extra(), calls):
                 yield chat_sse(chunk)
@@ -161,10 +161,11 @@ def _remember(gw: Any, call: ChatCall, reply: Any) -> list:
     return backend.calls(steps)
 
 
-def _count(gw: Any, call: ChatCall, status: str, reply: Any) -> None:
+def _count(gw: Any, call: ChatCall, status: str, reply: Any, calls: list = ()) -> None:
     usage = {'input_tokens': reply.input_tokens, 'output_tokens': reply.output_tokens} if reply else {}
     try:
         gw.ledger.count({'tenant': call.key.tenant, 'key_id': call.key.id, 'model': call.model,
-                         'status': status, 'usage': usage, 'created_at': call.created})
+                         'status': status, 'usage': usage, 'created_at': call.created,
+                         'tool_calls': mod_tools.registry(calls)})
     except StoreError as e:
         logger.error('Could not count usage of a completion of %s: %s', call.model, e)

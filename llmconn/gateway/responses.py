@@ -253,7 +253,8 @@ def record(call: Call, status: str, usage: dict | None, output: list, *, provide
            'created_at': call.created_at, 'expires_at': call.created_at + ttl,
            'completed_at': None if status == 'in_progress' else mod_time.time(),
            'status': status, 'usage': usage or {}, 'downgrades': call.downgrades,
-           'counts': {'input_items': len(call.context), 'output_items': len(output)}}
+           'counts': {'input_items': len(call.context), 'output_items': len(output),
+                      'function_calls': len(calls or ())}}
     keep_text = call.store and call.key.retention == 'standard'
     if keep_text:
         rec.update(instructions_hash=instructions_hash(call.instructions), instructions=call.instructions,
