@@ -51,6 +51,9 @@ def test_a_string_input_lists_as_one_user_message_with_a_stable_id(gw):
     again = page(gw, response.id)
     assert again.first_id == again.last_id == items.data[0].id
     assert page(gw, response.id).model_dump() == again.model_dump()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.input_items.list(response.id, include=['message.input_image.image_url'])
+    assert refused.value.body['param'] == 'include'
 
 
 def test_items_come_newest_first_by_default_and_in_input_order_with_asc(gw):
