@@ -19,8 +19,8 @@ from gateway_stack import GatewayStack
 from llmconn.gateway.capabilities import RESPONSES, ROUTES, TEMPLATE, UNSUPPORTED
 
 TEMPLATES = Path(__file__).resolve().parent.parent / 'etc' / 'templates'
-TEMPLATE_CONNECTION = f'''  - {{name: Template, provider: template, model: gpt-4.1, address: "FAKE_URL/v1/chat/completions",
-     max_retries: 0, request_template_file: "{TEMPLATES}/chat-completions.request.j2",
+TEMPLATE_CONNECTION = f'''  - {{name: Template, provider: template, model: gpt-4.1,
+     address: "FAKE_URL/v1/chat/completions", max_retries: 0, request_template_file: "{TEMPLATES}/chat-completions.request.j2",
      response_template_file: "{TEMPLATES}/chat-completions.response.j2"}}'''
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 TOOL = {'type': 'function', 'name': 'get_order', 'parameters': {'type': 'object', 'properties': {}}}

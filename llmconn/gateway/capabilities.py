@@ -118,7 +118,8 @@ def _sampling(name: str, gemini: str, kinds=('openai-responses', 'openai', 'clau
     support = {}
     for kind in KINDS:
         if kind not in kinds:
-            support[kind] = Support(UNSUPPORTED, _TEMPLATE_DECIDES if kind == TEMPLATE else '', 'sampling_params_ignored')
+            how = _TEMPLATE_DECIDES if kind == TEMPLATE else ''
+            support[kind] = Support(UNSUPPORTED, how, 'sampling_params_ignored')
         elif kind == 'gemini':
             support[kind] = Support(NATIVE, f'generationConfig.{gemini}', to_params=_generation(gemini))
         else:

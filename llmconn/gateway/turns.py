@@ -89,7 +89,8 @@ def _new_call(chat: list, call_id: str) -> None:
     made = {c['call_id'] for entry in chat if entry['role'] == 'assistant' for c in canon.calls(entry['steps'])}
     if call_id in made:
         raise GatewayError(f'the function call {shown(call_id)} is in the conversation twice (with '
-                           f'previous_response_id, send only the function_call_output items)', param='input', code='duplicate_call_id')
+                           f'previous_response_id, send only the function_call_output items)', param='input',
+                           code='duplicate_call_id')
 
 
 def _answer(chat: list, item: dict) -> None:
