@@ -277,7 +277,7 @@ def test_an_unsupported_field_is_refused_naming_it(gw):
     with pytest.raises(openai.BadRequestError) as tools:
         gw.client().responses.create(model='Chat', input='hi', tools=[
             {'type': 'function', 'name': 'not a name!', 'parameters': {'type': 'object', 'properties': {}}}])
-    assert tools.value.body['param'] == 'tools' and 'not a name!' in tools.value.message
+    assert tools.value.body['param'] == 'tools[0].name' and 'not a name!' in tools.value.message
     with pytest.raises(openai.BadRequestError) as unknown:
         gw.client().responses.create(model='Chat', input='hi', extra_body={'frobnicate': 1})
     assert unknown.value.body['param'] == 'frobnicate'
@@ -338,7 +338,7 @@ def test_zero_retention_and_store_false_leave_no_prompt_text_in_redis(gw):
     assert gw.record('a', kept.id)['store_mode'] == 'gateway'
     record = gw.record('zero', plain.id)
     assert record['status'] == 'completed' and record['usage']['input_tokens'] > 0
-    assert record['store_mode'] == 'none' and record['counts'] == {'input_items': 1, 'output_items': 1}
+    assert record['store_mode'] == 'none' and record['counts'] == {'input_items': 1, 'output_items': 1, 'function_calls': 0}
     assert gw.record('zero', streamed.id)['status'] == 'completed'
     assert gw.record('a', unstored.id)['store_mode'] == 'none'
     with pytest.raises(openai.BadRequestError) as refused:

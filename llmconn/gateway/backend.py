@@ -99,7 +99,12 @@ class Done:
 
     @property
     def result(self) -> dict:
-        return self.reply.as_result()
+        """The reply as the usage ledger counts it: with its calls, so each one counts in ``tool_calls``."""
+        result = self.reply.as_result()
+        calls = self.reply.calls
+        if calls:
+            result['tool_calls'] = calls
+        return result
 
 
 def _done_events(answer: Iterator) -> Iterator:

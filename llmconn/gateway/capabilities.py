@@ -10,6 +10,12 @@ field without a loss name can never be dropped (tools: dropping them would
 answer a different question). A field whose value is a no-op (``n: 1``,
 ``tool_choice: "auto"`` without tools) is accepted on every backend.
 
+Structural fields (input, tools, stream, ...) are the route's own business,
+but a structural field a kind does not support is refused all the same: a
+``template`` endpoint (SPEC §12) renders one whole text answer from the
+messages, so it gets no tools, and the function calls and outputs of a
+conversation cannot reach it either.
+
 ``docs/gateway.md``'s compatibility tables are generated from this data
 (:mod:`llmconn.gateway.docs`); a test keeps the two equal. Fields not listed
 are refused as unknown (:func:`llmconn.gateway.policy.resolve`).
@@ -22,7 +28,8 @@ from typing import Any, Callable
 
 
 NATIVE, EMULATED, UNSUPPORTED = 'native', 'emulated', 'unsupported'
-KINDS = ('openai-responses', 'openai', 'claude', 'gemini')
+KINDS = ('openai-responses', 'openai', 'claude', 'gemini', 'template')
+TEMPLATE = 'template'       # an endpoint described by two Jinja2 templates (SPEC §12): one whole text answer
 RESPONSES, CHAT = 'responses', 'chat.completions'
 
 # Loss names a client can allow (the vocabulary of fallback_policy.allowed_losses).
@@ -68,6 +75,16 @@ def _same(level: str, how: str = '', loss: str = '', to_params: Mapper | None = 
     return {kind: Support(level, how, loss, to_params) for kind in KINDS}
 
 
+def _but(support: dict[str, Support], **kinds: Support) -> dict[str, Support]:
+    """``support`` with some kinds' entries replaced (``template=...``)."""
+    return {**support, **kinds}
+
+
+# A template endpoint sees only the messages (input.messages) and the connection's params: whatever else
+# a request asks for, the gateway cannot know the templates honour it, so it is not claimed.
+_TEMPLATE_DECIDES = 'the connection\'s templates decide what is sent'
+
+
 def _param(name: str) -> Mapper:
     return lambda value: {name: value}
 
@@ -101,7 +118,8 @@ def _sampling(name: str, gemini: str, kinds=('openai-responses', 'openai', 'clau
     support = {}
     for kind in KINDS:
         if kind not in kinds:
-            support[kind] = Support(UNSUPPORTED, loss='sampling_params_ignored')
+            how = _TEMPLATE_DECIDES if kind == TEMPLATE else ''
+            support[kind] = Support(UNSUPPORTED, how, 'sampling_params_ignored')
         elif kind == 'gemini':
             support[kind] = Support(NATIVE, f'generationConfig.{gemini}', to_params=_generation(gemini))
         else:
@@ -113,18 +131,21 @@ def _max_tokens() -> dict:
     return {'openai-responses': Support(NATIVE, 'max_output_tokens', to_params=_param('max_output_tokens')),
             'openai': Support(NATIVE, 'max_tokens', to_params=_param('max_tokens')),
             'claude': Support(NATIVE, 'max_tokens', to_params=_param('max_tokens')),
-            'gemini': Support(NATIVE, 'generationConfig.maxOutputTokens', to_params=_generation('maxOutputTokens'))}
+            'gemini': Support(NATIVE, 'generationConfig.maxOutputTokens', to_params=_generation('maxOutputTokens')),
+            TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'max_output_tokens_ignored')}
 
 
 def _hints(name: str, claude: Support | None = None) -> dict:
     unsupported = Support(UNSUPPORTED, loss='hint_ignored')
     return {'openai-responses': Support(NATIVE, to_params=_param(name)),
             'openai': Support(NATIVE, to_params=_param(name)),
-            'claude': claude or unsupported, 'gemini': unsupported}
+            'claude': claude or unsupported, 'gemini': unsupported, TEMPLATE: unsupported}
 
 
-_tools = _same(NATIVE, 'function tools as the backend\'s own (the client runs them); hosted tools only where the '
-                      'key allows them and the connection lists them in hosted_tools')
+_tools = _but(_same(NATIVE, 'function tools as the backend\'s own (the client runs them); hosted tools only where '
+                           'the key allows them and the connection lists them in hosted_tools'),
+              template=Support(UNSUPPORTED, 'a template renders one whole text answer: no tool calls'))
+_NO_TOOL_ITEMS = 'text messages only: function calls and their outputs are refused (no tools)'
 _tool_choice = _same(UNSUPPORTED, 'only "auto" (the backend decides)')
 _parallel = _same(UNSUPPORTED, 'only true: the backend may call several tools at once')
 _deprecated = _same(UNSUPPORTED, 'the deprecated form; use tools')
@@ -141,19 +162,26 @@ def _is_text_format(value: Any) -> bool:
 
 _STRUCTURAL_RESPONSES = [
     Field('model', _same(NATIVE, 'names a connection'), structural=True),
-    Field('input', _same(NATIVE, 'text, message, function_call and function_call_output items; images and '
-                                 'files are refused; a system '
-                                 'message after the first turn or two of one role in a row are the losses '
-                                 'system_messages_hoisted and messages_merged'),
+    Field('input', _but(_same(NATIVE, 'text, message, function_call and function_call_output items; images and '
+                                      'files are refused; a system '
+                                      'message after the first turn or two of one role in a row are the losses '
+                                      'system_messages_hoisted and messages_merged'),
+                        template=Support(NATIVE, _NO_TOOL_ITEMS)),
           structural=True),
-    Field('instructions', _same(NATIVE, 'system prompt; never carried over to the next response'),
+    Field('instructions', _but(_same(NATIVE, 'system prompt; never carried over to the next response'),
+                               template=Support(NATIVE, 'the system message of input.messages; never carried over')),
           structural=True),
     Field('previous_response_id', {
         'openai-responses': Support(NATIVE, 'with state: provider; else replayed by the gateway'),
         **{k: Support(EMULATED, 'the gateway replays the stored items (standard retention only)')
-           for k in ('openai', 'claude', 'gemini')}}, structural=True),
+           for k in ('openai', 'claude', 'gemini')},
+        TEMPLATE: Support(EMULATED, 'the gateway replays the stored messages (standard retention only); the extra '
+                                    'fields a response template puts on a message are not kept, so the endpoint '
+                                    'gets the whole window, and a conversation holding function calls is refused')},
+          structural=True),
     Field('store', _same(NATIVE, 'false: only ids, times, status and counts are kept'), structural=True),
-    Field('stream', _same(EMULATED, 'the lifecycle events are rebuilt from the provider\'s stream'),
+    Field('stream', _but(_same(EMULATED, 'the lifecycle events are rebuilt from the provider\'s stream'),
+                         template=Support(EMULATED, 'the endpoint answers whole; its answer is sent as the events')),
           structural=True),
     Field('stream_options', _same(NATIVE, 'accepted'), structural=True),
     Field('metadata', _same(NATIVE, 'kept by the gateway, returned with the response'), structural=True),
@@ -170,14 +198,17 @@ RESPONSES_FIELDS: dict[str, Field] = {f.name: f for f in _STRUCTURAL_RESPONSES +
         'openai': Support(EMULATED, 'reasoning.effort as reasoning_effort',
                           to_params=lambda v: {'reasoning_effort': v['effort']} if (v or {}).get('effort') else {}),
         'claude': Support(UNSUPPORTED, 'thinking is set per connection', 'reasoning_settings_ignored'),
-        'gemini': Support(UNSUPPORTED, loss='reasoning_settings_ignored')}),
+        'gemini': Support(UNSUPPORTED, loss='reasoning_settings_ignored'),
+        TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'reasoning_settings_ignored')}),
     Field('text', {
         'openai-responses': Support(NATIVE, to_params=_param('text')),
         'openai': Support(EMULATED, 'as response_format', to_params=_chat_format),
         'claude': Support(UNSUPPORTED, loss='output_format_not_enforced'),
-        'gemini': Support(UNSUPPORTED, loss='output_format_not_enforced')}, trivial=_is_text_format),
+        'gemini': Support(UNSUPPORTED, loss='output_format_not_enforced'),
+        TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'output_format_not_enforced')}, trivial=_is_text_format),
     Field('truncation', {'openai-responses': Support(NATIVE, to_params=_param('truncation')),
-                         **{k: Support(UNSUPPORTED, loss='no_auto_truncation') for k in ('openai', 'claude', 'gemini')}},
+                         **{k: Support(UNSUPPORTED, loss='no_auto_truncation')
+                            for k in ('openai', 'claude', 'gemini', TEMPLATE)}},
           trivial=lambda v: v in (None, 'disabled')),
     Field('user', _hints('user', _claude_user)),
     Field('safety_identifier', _hints('safety_identifier')),
@@ -189,7 +220,7 @@ RESPONSES_FIELDS: dict[str, Field] = {f.name: f for f in _STRUCTURAL_RESPONSES +
     Field('background', _same(UNSUPPORTED, 'background responses are not offered'), trivial=lambda v: not v),
     Field('conversation', _same(UNSUPPORTED, 'use previous_response_id')),
     Field('prompt', _same(UNSUPPORTED, 'stored prompt templates are not offered')),
-    Field('tools', _tools, structural=True),
+    Field('tools', _tools, structural=True, trivial=lambda v: not v),
     Field('tool_choice', _tool_choice, trivial=lambda v: v in _TOOL_CHOICE_OK),
     Field('parallel_tool_calls', _parallel, trivial=lambda v: v in (None, True)),
     Field('max_tool_calls', _same(UNSUPPORTED, 'the backend decides how many calls it makes'),
@@ -198,10 +229,13 @@ RESPONSES_FIELDS: dict[str, Field] = {f.name: f for f in _STRUCTURAL_RESPONSES +
 
 CHAT_FIELDS: dict[str, Field] = {f.name: f for f in [
     Field('model', _same(NATIVE, 'names a connection'), structural=True),
-    Field('messages', _same(NATIVE, 'text messages, assistant tool_calls and tool messages; images and audio '
-                                    'are refused'),
+    Field('messages', _but(_same(NATIVE, 'text messages, assistant tool_calls and tool messages; images and audio '
+                                         'are refused'),
+                           template=Support(NATIVE, 'text messages only: assistant tool_calls and tool messages are '
+                                                    'refused (no tools)')),
           structural=True),
-    Field('stream', _same(EMULATED, 'chat.completion.chunk events rebuilt from the provider\'s stream'),
+    Field('stream', _but(_same(EMULATED, 'chat.completion.chunk events rebuilt from the provider\'s stream'),
+                         template=Support(EMULATED, 'the endpoint answers whole; its answer is sent as the chunks')),
           structural=True),
     Field('stream_options', _same(NATIVE, 'include_usage honoured'), structural=True),
     Field('fallback_policy', _same(NATIVE, 'the gateway\'s own: which losses a request accepts'),
@@ -217,7 +251,8 @@ CHAT_FIELDS: dict[str, Field] = {f.name: f for f in [
                    'claude': Support(EMULATED, 'stop_sequences', to_params=lambda v: {'stop_sequences': _stop_list(v)}),
                    'gemini': Support(NATIVE, 'generationConfig.stopSequences',
                                      to_params=lambda v: {'generationConfig': {'stopSequences': _stop_list(v)}}),
-                   'openai-responses': Support(UNSUPPORTED, loss='stop_ignored')}),
+                   'openai-responses': Support(UNSUPPORTED, loss='stop_ignored'),
+                   TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'stop_ignored')}),
     Field('presence_penalty', _sampling('presence_penalty', 'presencePenalty', ('openai', 'gemini'))),
     Field('frequency_penalty', _sampling('frequency_penalty', 'frequencyPenalty', ('openai', 'gemini'))),
     Field('seed', _sampling('seed', 'seed', ('openai', 'gemini'))),
@@ -225,13 +260,15 @@ CHAT_FIELDS: dict[str, Field] = {f.name: f for f in [
         'openai': Support(NATIVE, to_params=_param('response_format')),
         'openai-responses': Support(EMULATED, 'as text.format', to_params=_responses_format),
         'claude': Support(UNSUPPORTED, loss='output_format_not_enforced'),
-        'gemini': Support(UNSUPPORTED, loss='output_format_not_enforced')},
+        'gemini': Support(UNSUPPORTED, loss='output_format_not_enforced'),
+        TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'output_format_not_enforced')},
           trivial=lambda v: v is None or (v or {}).get('type') == 'text'),
     Field('reasoning_effort', {
         'openai': Support(NATIVE, to_params=_param('reasoning_effort')),
         'openai-responses': Support(EMULATED, 'reasoning.effort', to_params=lambda v: {'reasoning': {'effort': v}}),
         'claude': Support(UNSUPPORTED, 'thinking is set per connection', 'reasoning_settings_ignored'),
-        'gemini': Support(UNSUPPORTED, loss='reasoning_settings_ignored')}),
+        'gemini': Support(UNSUPPORTED, loss='reasoning_settings_ignored'),
+        TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'reasoning_settings_ignored')}),
     Field('user', _hints('user', _claude_user)),
     Field('safety_identifier', _hints('safety_identifier')),
     Field('prompt_cache_key', _hints('prompt_cache_key')),
@@ -240,12 +277,12 @@ CHAT_FIELDS: dict[str, Field] = {f.name: f for f in [
     Field('top_logprobs', _same(UNSUPPORTED, loss='no_logprobs'), trivial=lambda v: not v),
     Field('logit_bias', {'openai': Support(NATIVE, to_params=_param('logit_bias')),
                          **{k: Support(UNSUPPORTED, loss='sampling_params_ignored')
-                            for k in ('openai-responses', 'claude', 'gemini')}}, trivial=lambda v: not v),
+                            for k in ('openai-responses', 'claude', 'gemini', TEMPLATE)}}, trivial=lambda v: not v),
     Field('modalities', _same(UNSUPPORTED, 'text only'), trivial=lambda v: not v or list(v) == ['text']),
     Field('audio', _same(UNSUPPORTED, 'text only')),
     Field('prediction', _same(UNSUPPORTED)),
     Field('web_search_options', _same(UNSUPPORTED, 'hosted tools are not available yet')),
-    Field('tools', _tools, structural=True),
+    Field('tools', _tools, structural=True, trivial=lambda v: not v),
     Field('functions', _deprecated, trivial=lambda v: not v),
     Field('function_call', _deprecated, trivial=lambda v: v in _TOOL_CHOICE_OK),
     Field('tool_choice', _tool_choice, trivial=lambda v: v in _TOOL_CHOICE_OK),

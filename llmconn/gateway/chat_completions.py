@@ -24,6 +24,7 @@ from typing import Any, Iterator
 from llmconn.errors import GatewayError, LLMConnError, StoreError
 from llmconn.gateway import backend, call_registry, items as mod_items, tools as mod_tools
 from llmconn.gateway.capabilities import CHAT
+from llmconn.gateway.echo import bounded
 from llmconn.gateway.policy import Policy, resolve
 from llmconn.gateway.responses import DOWNGRADES_KEY
 from llmconn.gateway.stream import ChatChunks, chat_sse
@@ -96,8 +97,8 @@ def complete(gw: Any, call: ChatCall) -> dict:
         _count(gw, call, 'failed', None)
         raise
     status, _ = backend.finish(call.conn, reply.raw)
-    _count(gw, call, status, reply)
     calls = _remember(gw, call, reply)
+    _count(gw, call, status, reply, calls)
     message: dict = {'role': 'assistant', 'content': reply.text or (None if calls else ''), 'refusal': None}
     if reply.thinking:
         message['reasoning_content'] = reply.thinking
@@ -132,8 +133,8 @@ def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provide
                 continue
             status, _ = backend.finish(call.conn, event.reply.raw)
             ended = True
-            _count(gw, call, status, event.reply)
             calls = _remember(gw, call, event.reply)
+            _count(gw, call, status, event.reply, calls)
             for chunk in chunks.finish(event.reply.text, _finish_reason(status, calls), _usage(event.reply),
                                        call.extra(), calls):
                 yield chat_sse(chunk)
@@ -142,7 +143,7 @@ def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provide
         ended = True
         _count(gw, call, 'failed', None)
         # Chat Completions has no failure event: OpenAI sends an error object in the stream and stops.
-        yield chat_sse({'error': {'message': str(e), 'type': 'server_error', 'param': None, 'code': None}})
+        yield chat_sse({'error': {'message': bounded(str(e)), 'type': 'server_error', 'param': None, 'code': None}})
     finally:
         provider.close()
         if not ended:
@@ -160,10 +161,11 @@ def _remember(gw: Any, call: ChatCall, reply: Any) -> list:
     return backend.calls(steps)
 
 
-def _count(gw: Any, call: ChatCall, status: str, reply: Any) -> None:
+def _count(gw: Any, call: ChatCall, status: str, reply: Any, calls: list = ()) -> None:
     usage = {'input_tokens': reply.input_tokens, 'output_tokens': reply.output_tokens} if reply else {}
     try:
         gw.ledger.count({'tenant': call.key.tenant, 'key_id': call.key.id, 'model': call.model,
-                         'status': status, 'usage': usage, 'created_at': call.created})
+                         'status': status, 'usage': usage, 'created_at': call.created,
+                         'tool_calls': mod_tools.registry(calls)})
     except StoreError as e:
         logger.error('Could not count usage of a completion of %s: %s', call.model, e)

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 from llmconn.errors import LLMConnError, StoreError
 from llmconn.gateway import backend, items as mod_items
+from llmconn.gateway.echo import bounded
 from llmconn.gateway.responses import Call, output_items, record, response_object, usage_object
 from llmconn.gateway.tools import function_call_item
 from llmconn.gateway.stream import ResponseEvents, estimated_usage, sse
@@ -113,7 +114,7 @@ def _save_quietly(gw: Any, rec: dict, call: Call) -> None:
 
 
 def _error(e: Exception) -> dict:
-    return {'code': 'server_error', 'message': str(e)}
+    return {'code': 'server_error', 'message': bounded(str(e))}
 
 
 def _record_failure(gw: Any, call: Call, e: Exception, output: list) -> None:

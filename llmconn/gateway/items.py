@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmconn.errors import GatewayError
+from llmconn.gateway.echo import shown
 from llmconn.gateway.policy import Policy, Resolution, check_loss
 from llmconn.types import Turn
 
@@ -87,7 +88,7 @@ def _content_text(content: Any, where: str) -> str:
         here = f'{where}[{index}]'
         kind = part.get('type') if isinstance(part, dict) else None
         if kind not in _TEXT_PARTS:
-            raise GatewayError(f'{here}: content part type {kind!r} is not supported through the gateway '
+            raise GatewayError(f'{here}: content part type {shown(kind)} is not supported through the gateway '
                                f'(text only)', param=f'{here}.type', code='unsupported_field')
         texts.append(check_text(part.get('text'), f'{here}.text'))
     return ''.join(texts)
@@ -105,7 +106,7 @@ def _message_item(raw: Any, where: str) -> dict:
     if kind == 'function_call_output':
         return function_output(raw.get('call_id'), raw.get('output'), where)
     if kind != 'message':
-        raise GatewayError(f'{where}: item type {kind!r} is not supported through the gateway',
+        raise GatewayError(f'{where}: item type {shown(kind)} is not supported through the gateway',
                            param=f'{where}.type', code='unsupported_field')
     role = raw.get('role')
     if role not in ROLES:

@@ -9,7 +9,8 @@ One JSON record per response, keyed by tenant and gateway response id
 The record holds the provider's response id, the previous id, the model
 (connection name), the store mode (``provider``: the backend keeps the
 state; ``gateway``: the record keeps the canonical items to replay; ``none``),
-the instructions' hash, times, status, usage and counts. Prompt and answer
+the instructions' hash, times, status, usage and counts (``input_items``,
+``output_items``, ``function_calls``: the calls it made). Prompt and answer
 text (``context``, ``output``, ``metadata``) is written only when the
 response is stored under standard retention; otherwise the record is ids,
 times, status and counts, nothing a person wrote.
@@ -40,7 +41,7 @@ from llmconn.errors import StoreError
 RESPONSE_ID_PREFIX = 'resp_'
 _RESPONSE_ID = re.compile(r'^resp_[0-9a-f]{48}$')
 USAGE_EXPIRY = 400 * 86400          # usage counters outlive a year of daily reports
-USAGE_METRICS = ('requests', 'input_tokens', 'output_tokens', 'errors', 'cancelled')
+USAGE_METRICS = ('requests', 'input_tokens', 'output_tokens', 'errors', 'cancelled', 'tool_calls')
 MAX_CONNECTIONS = 100               # the ledger's connections to Redis, per gateway process
 CONNECTION_WAIT = 5.0               # how long a request waits for one of them before a 503
 
@@ -140,7 +141,8 @@ class Ledger:
         counts = {'requests': 1, 'input_tokens': usage.get('input_tokens') or 0,
                   'output_tokens': usage.get('output_tokens') or 0,
                   'errors': int(record.get('status') == 'failed'),
-                  'cancelled': int(record.get('status') == 'cancelled')}
+                  'cancelled': int(record.get('status') == 'cancelled'),
+                  'tool_calls': len(record.get('tool_calls') or ())}      # the function calls it made
         for metric, value in counts.items():
             if value:
                 pipe.hincrby(key, json.dumps([record['key_id'], record['model'], metric]), int(value))

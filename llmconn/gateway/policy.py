@@ -13,8 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmconn import items as canon
 from llmconn.errors import GatewayError
-from llmconn.gateway.capabilities import LOSSES, ROUTES, UNSUPPORTED, Support
+from llmconn.gateway.capabilities import LOSSES, RESPONSES, ROUTES, UNSUPPORTED, Support
+from llmconn.gateway.echo import param as echo_param, shown, shown_all
+
+
+# Conversation items that belong to tool calling (a backend without tools cannot be sent them).
+TOOL_ITEM_TYPES = ('function_call', 'function_call_output', 'custom_tool_call', 'custom_tool_call_output')
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,7 @@ class Policy:
                                param='fallback_policy')
         unknown = sorted(set(losses) - set(LOSSES))
         if unknown:
-            raise GatewayError(f'fallback_policy.allowed_losses: unknown loss {", ".join(unknown)}; '
+            raise GatewayError(f'fallback_policy.allowed_losses: unknown loss {shown_all(unknown)}; '
                                f'known losses are {", ".join(sorted(LOSSES))}', param='fallback_policy.allowed_losses')
         return cls(allow, frozenset(losses))
 
@@ -72,13 +78,17 @@ def resolve(route: str, kind: str, body: dict, policy: Policy) -> Resolution:
     fields = ROUTES[route]
     unknown = sorted(set(body) - set(fields))
     if unknown:
-        raise GatewayError(f'unknown field {unknown[0]!r} for {route}; the gateway refuses fields it does not know '
-                           f'rather than ignore them', param=unknown[0], code='unknown_field')
+        raise GatewayError(f'unknown field {shown(unknown[0])} for {route}; the gateway refuses fields it does not '
+                           f'know rather than ignore them', param=echo_param(unknown[0]), code='unknown_field')
+    if not runs_tools(route, kind):
+        _refuse_tool_items(route, kind, body)
     resolution = Resolution()
     for name, value in body.items():
         spec = fields[name]
-        if spec.structural or spec.trivial(value):
+        if spec.trivial(value):
             continue
+        if spec.structural and (kind not in spec.support or spec.support[kind].level != UNSUPPORTED):
+            continue        # the route's own business (an unsupported one is refused below all the same)
         support = spec.support.get(kind) or Support(UNSUPPORTED)
         if support.level == UNSUPPORTED:
             if not support.loss:
@@ -90,6 +100,37 @@ def resolve(route: str, kind: str, body: dict, policy: Policy) -> Resolution:
         if support.to_params is not None:
             _merge(resolution.params, support.to_params(value))
     return resolution
+
+
+def runs_tools(route: str, kind: str) -> bool:
+    """Whether backends of ``kind`` take function tools on ``route`` (the matrix's ``tools`` row)."""
+    support = ROUTES[route]['tools'].support.get(kind)
+    return support is not None and support.level != UNSUPPORTED
+
+
+def _refuse_tool_items(route: str, kind: str, body: dict) -> None:
+    """A conversation holding function calls or outputs, for a backend without tools: 400 naming the item."""
+    field = 'input' if route == RESPONSES else 'messages'
+    entries = body.get(field)
+    for index, entry in enumerate(entries if isinstance(entries, list) else ()):
+        if isinstance(entry, dict) and (entry.get('type') in TOOL_ITEM_TYPES or entry.get('role') == 'tool'
+                                        or (entry.get('role') == 'assistant' and entry.get('tool_calls'))):
+            refuse_tool_history(kind, f'{field}[{index}]')
+
+
+def check_history(route: str, kind: str, conversation: Any) -> None:
+    """Function calls carried over from a previous response, for a backend without tools: 400."""
+    if runs_tools(route, kind):
+        return
+    steps = list(conversation.items) + [step for turn in conversation.turns for step in turn.items]
+    if any(isinstance(step, dict) and step.get('kind') in (canon.CALL, canon.OUTPUT) for step in steps):
+        refuse_tool_history(kind, 'previous_response_id')
+
+
+def refuse_tool_history(kind: str, param: str) -> None:
+    raise GatewayError(f'{param}: a {kind} backend runs no tools, so function calls and their outputs cannot be '
+                       f'sent to it; continue this conversation with a model that has tools', param=param,
+                       code='unsupported_field')
 
 
 def _merge(into: dict, new: dict) -> None:

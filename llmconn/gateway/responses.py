@@ -24,9 +24,10 @@ from typing import Any
 
 from llmconn.errors import GatewayError
 from llmconn import items as canon
-from llmconn.gateway import backend, items as mod_items, tools as mod_tools
+from llmconn.gateway import backend, input_items, items as mod_items, tools as mod_tools
 from llmconn.gateway.capabilities import RESPONSES
-from llmconn.gateway.policy import Policy, resolve
+from llmconn.gateway.echo import shown, shown_all
+from llmconn.gateway.policy import Policy, check_history, resolve
 from llmconn.gateway.ledger import new_response_id
 from llmconn.gateway.stream import message_item, reasoning_item
 
@@ -56,6 +57,7 @@ class Call:
     conversation: mod_items.Conversation
     context: list                  # the canonical items the new response continues (gateway mode)
     previous: dict | None
+    input: list = field(default_factory=list)      # this request's own input items (canonical)
     provider_previous_id: str = ''
     tools: tuple = ()               # manual llmconn Tools (the client runs them)
     hosted: tuple = ()              # hosted tool definitions the key and the connection allow
@@ -86,13 +88,14 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
     mode = 'none' if not store else 'provider' if backend.keeps_state(conn) else \
         'none' if key.retention == 'zero' else 'gateway'
     context, conversation = _conversation(previous, new_items, instructions or '', policy, resolution)
+    check_history(RESPONSES, backend.kind(conn), conversation)
     if resolution.downgrades:
         logger.info('Downgrade accepted: tenant=%s key=%s model=%s losses=%s', key.tenant, key.id, model,
                     ','.join(resolution.downgrades))
     return Call(key=key, conn=conn, model=model, stream=stream, store=store, mode=mode,
                 instructions=instructions, metadata=_metadata(body.get('metadata'), resolution.downgrades),
                 params=resolution.params, downgrades=resolution.downgrades, conversation=conversation,
-                context=context, previous=previous, expiry=gw.config.response_expiry,
+                context=context, previous=previous, input=new_items, expiry=gw.config.response_expiry,
                 provider_previous_id=previous['provider_response_id'] if _provider_kept(previous) else '',
                 tools=tools, hosted=hosted, echo_tools=[_echo(t) for t in tools])
 
@@ -133,13 +136,13 @@ def _provider_outputs(previous: dict, new_items: list) -> mod_items.Conversation
             raise GatewayError('input may hold only function_call_output items when it answers the calls of a '
                                'response the backend keeps', param='input')
         if item['call_id'] not in waiting or item['call_id'] in {o['call_id'] for o in outputs}:
-            raise GatewayError(f'function_call_output for call_id {item["call_id"]!r} answers no function call '
+            raise GatewayError(f'function_call_output for call_id {shown(item["call_id"])} answers no function call '
                                f'of the response it continues (unknown or already answered call id)',
                                param='input', code='unknown_call_id')
         outputs.append(canon.output(item['call_id'], item['output']))
     missing = [c for c in waiting if c not in {o['call_id'] for o in outputs}]
     if missing:
-        raise GatewayError(f'the function calls {", ".join(missing)} have no function_call_output; answer each '
+        raise GatewayError(f'the function calls {shown_all(missing)} have no function_call_output; answer each '
                            f'call (its call_id and output) before the conversation goes on', param='input',
                            code='unanswered_function_call')
     return mod_items.Conversation('', (), '', items=tuple(outputs), tag='')
@@ -154,7 +157,7 @@ def check_hosted_tools(key: Any, tools: Any) -> None:
     for index, tool in enumerate(tools):
         kind = tool.get('type') if isinstance(tool, dict) else None
         if kind not in (None, 'function', 'custom') and kind not in key.hosted_tools:
-            raise GatewayError(f'tools[{index}]: this key may not use the hosted tool {kind!r}',
+            raise GatewayError(f'tools[{index}]: this key may not use the hosted tool {shown(kind)}',
                                param=f'tools[{index}].type', code='hosted_tool_not_allowed')
 
 
@@ -185,7 +188,7 @@ def _previous(gw: Any, key: Any, previous_id: Any, conn: Any) -> dict | None:
         return None
     record = gw.ledger.get(key.tenant, previous_id) if isinstance(previous_id, str) else None
     if record is None or not key.may_use(record['model']):
-        raise GatewayError(f'Previous response with id {previous_id!r} not found.', 404,
+        raise GatewayError(f'Previous response with id {shown(previous_id)} not found.', 404,
                            param='previous_response_id', code='previous_response_not_found')
     if record['status'] not in _CONTINUABLE:
         raise GatewayError(f'previous response {previous_id} is {record["status"]}; only a completed response '
@@ -250,11 +253,12 @@ def record(call: Call, status: str, usage: dict | None, output: list, *, provide
            'created_at': call.created_at, 'expires_at': call.created_at + ttl,
            'completed_at': None if status == 'in_progress' else mod_time.time(),
            'status': status, 'usage': usage or {}, 'downgrades': call.downgrades,
-           'counts': {'input_items': len(call.context), 'output_items': len(output)}}
+           'counts': {'input_items': len(call.context), 'output_items': len(output),
+                      'function_calls': len(calls or ())}}
     keep_text = call.store and call.key.retention == 'standard'
     if keep_text:
         rec.update(instructions_hash=instructions_hash(call.instructions), instructions=call.instructions,
-                   metadata=call.metadata, output=output)
+                   metadata=call.metadata, output=output, input_items=input_items.render(call.id, call.input))
     if calls:
         rec['tool_calls'] = mod_tools.registry(calls)
     answered = _answered(call)

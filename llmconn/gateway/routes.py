@@ -1,7 +1,8 @@
-"""HTTP routing of the gateway: authentication, the five routes, OpenAI-shaped errors.
+"""HTTP routing of the gateway: authentication, the six routes, OpenAI-shaped errors.
 
     POST   /v1/responses          create (plain or ``stream: true``)
     GET    /v1/responses/{id}     a stored response of the key's tenant
+    GET    /v1/responses/{id}/input_items   the input it was made from, a page at a time
     DELETE /v1/responses/{id}     forget it (its state goes with it)
     POST   /v1/chat/completions   stateless, plain or streamed
     GET    /v1/models[/{id}]      the connections the key may use
@@ -22,7 +23,8 @@ from typing import Any, Iterable
 
 from llmconn.errors import (GatewayError, InvalidInput, LLMAuthError, LLMConnError, LLMError, LLMRateLimited,
                             LLMTimeout, StoreError)
-from llmconn.gateway import chat_completions, dispatch, responses
+from llmconn.gateway import chat_completions, dispatch, input_items, responses
+from llmconn.gateway.echo import MAX_PARAM_CHARS, bounded, shown
 from llmconn.gateway.keys import GatewayConfig, bearer_token, find_key
 from llmconn.gateway.ledger import Ledger, ledger_client
 from llmconn.responses import HTTPFailure
@@ -53,7 +55,7 @@ class Gateway:
             raise GatewayError('model is required: the name of a connection (GET /v1/models lists them)',
                                param='model')
         if not key.may_use(model) or model not in self.registry:
-            raise GatewayError(f'The model {model!r} does not exist or you do not have access to it.', 404,
+            raise GatewayError(f'The model {shown(model)} does not exist or you do not have access to it.', 404,
                                param='model', code='model_not_found')
         from llmconn.gateway.backend import check_usable
         conn = self.registry[model]
@@ -96,8 +98,14 @@ def _route(gw: Gateway, key: Any, environ: dict, method: str, route: str) -> tup
         return _sse(chat_completions.stream(gw, call)) if call.stream else \
             _json(200, chat_completions.complete(gw, call))
     if route.startswith('responses/'):
-        _allow(method, 'GET', 'DELETE')
-        return _stored_response(gw, key, method, route[len('responses/'):])
+        response_id, _, tail = route[len('responses/'):].partition('/')
+        if tail == 'input_items':
+            _allow(method, 'GET')
+            params = input_items.parse_query(environ.get('QUERY_STRING', ''))
+            return _json(200, input_items.page(_stored(gw, key, response_id).get('input_items') or [], params))
+        if not tail:
+            _allow(method, 'GET', 'DELETE')
+            return _stored_response(gw, key, method, response_id)
     if route == 'models' or route.startswith('models/'):
         _allow(method, 'GET')
         models = [_model(name) for name in gw.registry if key.may_use(name)]
@@ -106,23 +114,31 @@ def _route(gw: Gateway, key: Any, environ: dict, method: str, route: str) -> tup
         wanted = route[len('models/'):]
         found = [m for m in models if m['id'] == wanted]
         if not found:
-            raise GatewayError(f'The model {wanted!r} does not exist or you do not have access to it.', 404,
+            raise GatewayError(f'The model {shown(wanted)} does not exist or you do not have access to it.', 404,
                                param='model', code='model_not_found')
         return _json(200, found[0])
-    raise GatewayError(f'no gateway route {method} /v1/{route}', 404, code='not_found')
+    raise GatewayError(f'no gateway route {shown(method)} {shown("/v1/" + route)}', 404, code='not_found')
+
+
+def _missing(response_id: str) -> GatewayError:
+    return GatewayError(f'Response with id {shown(response_id)} not found.', 404, code='not_found')
 
 
 def _stored_response(gw: Gateway, key: Any, method: str, response_id: str) -> tuple:
-    missing = GatewayError(f'Response with id {response_id!r} not found.', 404, code='not_found')
     if method == 'DELETE':
         if not gw.ledger.delete(key.tenant, response_id):
-            raise missing
+            raise _missing(response_id)
         return _json(200, {'id': response_id, 'object': 'response', 'deleted': True})
+    return _json(200, responses.from_record(_stored(gw, key, response_id)))
+
+
+def _stored(gw: Gateway, key: Any, response_id: str) -> dict:
+    """The record of a response stored with its text, of the key's tenant and models; else 404."""
     record = gw.ledger.get(key.tenant, response_id)
     # Not stored (store: false, zero retention) or of a model this key may not see: as if absent.
     if record is None or 'output' not in record or not key.may_use(record['model']):
-        raise missing
-    return _json(200, responses.from_record(record))
+        raise _missing(response_id)
+    return record
 
 
 def _model(name: str) -> dict:
@@ -131,7 +147,7 @@ def _model(name: str) -> dict:
 
 def _allow(method: str, *allowed: str) -> None:
     if method not in allowed:
-        raise GatewayError(f'use {" or ".join(allowed)} here, not {method}', 405, code='method_not_allowed')
+        raise GatewayError(f'use {" or ".join(allowed)} here, not {shown(method)}', 405, code='method_not_allowed')
 
 
 def _read_json(environ: dict) -> Any:
@@ -171,13 +187,17 @@ def classify(e: BaseException) -> GatewayError:
 
 
 def error(e: BaseException, cid: str, what: str) -> tuple:
+    """The OpenAI-shaped answer to ``e``: message and param bounded, whatever they quote."""
     failure = classify(e)
     if failure.status >= 500:
-        logger.error('%s failed with %d (cid=%s): %s', what, failure.status, cid, failure,
-                     exc_info=not isinstance(e, LLMConnError))
+        logger.error('%s failed with %d (cid=%s): %s', bounded(what, MAX_PARAM_CHARS), failure.status, cid,
+                     bounded(str(failure)), exc_info=not isinstance(e, LLMConnError))
     headers = [('WWW-Authenticate', 'Bearer')] if failure.status == 401 else []
-    status, base, body = _json(failure.status, failure.body())
-    return status, base + headers, body
+    body = failure.body()
+    body['error'].update(message=bounded(body['error']['message']),
+                         param=bounded(body['error']['param'], MAX_PARAM_CHARS))
+    status, base, data = _json(failure.status, body)
+    return status, base + headers, data
 
 
 def _json(status: int, data: Any) -> tuple:

@@ -24,6 +24,7 @@ from typing import Any
 
 from llmconn import tools as mod_tools
 from llmconn.errors import GatewayError, InvalidInput
+from llmconn.gateway.echo import shown
 from llmconn.gateway.stream import item_id
 
 FUNCTION_KINDS = (None, 'function')
@@ -46,7 +47,7 @@ def definitions(key: Any, conn: Any, raw: Any, chat: bool = False) -> tuple[tupl
         elif kind in key.hosted_tools:
             hosted.append(_hosted(conn, tool, where))
         else:
-            raise GatewayError(f'{where}: this key may not use the hosted tool {kind!r}', param=f'{where}.type',
+            raise GatewayError(f'{where}: this key may not use the hosted tool {shown(kind)}', param=f'{where}.type',
                                code='hosted_tool_not_allowed')
     try:
         return mod_tools.prepare(functions), tuple(hosted)
@@ -57,6 +58,9 @@ def definitions(key: Any, conn: Any, raw: Any, chat: bool = False) -> tuple[tupl
 def _function(spec: Any, where: str) -> mod_tools.Tool:
     if not isinstance(spec, dict) or not isinstance(spec.get('name'), str):
         raise GatewayError(f'{where}.name is required (a string)', param=f'{where}.name')
+    if not mod_tools.NAME_PATTERN.fullmatch(spec["name"]):      # checked here so the refusal quotes it cut short
+        raise GatewayError(f'{where}.name {shown(spec["name"])} is invalid: use 1 to 64 letters, digits, "_" or "-"',
+                           param=f'{where}.name')
     description = spec.get('description') or ''
     parameters = spec.get('parameters')
     if parameters is None:

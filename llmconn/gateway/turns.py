@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from llmconn import items as canon
 from llmconn.errors import GatewayError
+from llmconn.gateway.echo import shown, shown_all
 from llmconn.gateway.items import MERGE_SEPARATOR, SYSTEM_ROLES, Conversation
 from llmconn.gateway.policy import Policy, Resolution, check_loss
 from llmconn.types import Turn
@@ -59,7 +60,7 @@ def _said(item: dict) -> tuple[list, str]:
 def _unanswered(entry: dict) -> None:
     pending = canon.pending_calls(entry['steps'])
     if pending:
-        ids = ', '.join(c['call_id'] for c in pending)
+        ids = shown_all(c['call_id'] for c in pending)
         raise GatewayError(f'the function calls {ids} have no function_call_output; answer each call (its '
                            f'call_id and output) before the conversation goes on', param='input',
                            code='unanswered_function_call')
@@ -87,15 +88,16 @@ def _assistant_steps(chat: list, steps: list, tag: str, policy: Policy, resoluti
 def _new_call(chat: list, call_id: str) -> None:
     made = {c['call_id'] for entry in chat if entry['role'] == 'assistant' for c in canon.calls(entry['steps'])}
     if call_id in made:
-        raise GatewayError(f'the function call {call_id!r} is in the conversation twice (with previous_response_id, '
-                           f'send only the function_call_output items)', param='input', code='duplicate_call_id')
+        raise GatewayError(f'the function call {shown(call_id)} is in the conversation twice (with '
+                           f'previous_response_id, send only the function_call_output items)', param='input',
+                           code='duplicate_call_id')
 
 
 def _answer(chat: list, item: dict) -> None:
     last = chat[-1] if chat and chat[-1]['role'] == 'assistant' else None
     waiting = {c['call_id'] for c in canon.pending_calls(last['steps'])} if last else set()
     if item['call_id'] not in waiting:
-        raise GatewayError(f'function_call_output for call_id {item["call_id"]!r} answers no function call of the '
+        raise GatewayError(f'function_call_output for call_id {shown(item["call_id"])} answers no function call of the '
                            f'response it continues (unknown or already answered call id)', param='input',
                            code='unknown_call_id')
     last['steps'].append(canon.output(item['call_id'], item['output']))
