@@ -243,3 +243,19 @@ def test_a_sealed_answer_too_large_to_be_ours_is_refused_after_the_mac():
     with pytest.raises(GatewayError) as refused:
         sealer.unseal(sealer.seal(huge), 'input[0]')
     assert refused.value.code == 'invalid_encrypted_content'
+
+
+@pytest.mark.parametrize('model', ['Claude', 'Gemini'])
+def test_a_stateless_turn_of_two_rounds_sends_each_rounds_sealed_reasoning(gw, model):
+    client = gw.client()
+    again = 'call get_order {"order_id": "B-2"}'      # the first output asks the fake model to call again
+    first = first_turn(client, model, include=INCLUDE)
+    items = sent_back(first, output=again)
+    kw = dict(model=model, tools=[ORDER_TOOL], store=False, include=INCLUDE)
+    second = create(client, input=items, **kw)
+    call = second.output[-1]
+    assert call.type == 'function_call' and json.loads(call.arguments) == {'order_id': 'B-2'}
+    gw.fake.clear()
+    third = create(client, input=items + [i.model_dump(exclude_none=True) for i in second.output]
+                   + [{'type': 'function_call_output', 'call_id': call.call_id, 'output': 'shipped'}], **kw)
+    assert third.output_text == 'tool said: shipped' and gw.fake.violations == []

@@ -97,6 +97,16 @@ class Sealer:
         return answer
 
 
+def sealed_answer(sealer: Sealer | None, answer: dict) -> str:
+    """The ``encrypted_content`` of an answer's reasoning item: '' unless asked for and there are natives."""
+    opaque = answer.get('opaque')
+    if sealer is None or not opaque:
+        return ''
+    if not any('native' in i or 'kind' not in i for i in opaque['items']):
+        return ''       # nothing but canonical items: the client's own output items say it all
+    return sealer.seal(answer)
+
+
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b'=').decode('ascii')
 

@@ -88,17 +88,14 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
     instructions = body.get('instructions')
     if instructions is not None:
         mod_items.check_text(instructions, 'instructions')
-    if 'input' not in body:
-        raise GatewayError('input is required', param='input')
-    new_items = mod_items.from_responses_input(body['input'])
-    sealer = reasoning.sealer(gw, key) if sealing or reasoning.has_sealed(new_items) else None
-    new_items = reasoning.restore(new_items, sealer)
+    new_items, sealer = _new_items(gw, key, body, sealing)
     previous = _previous(gw, key, body.get('previous_response_id'), conn)
     mode = 'none' if not store else 'provider' if backend.keeps_state(conn) else \
         'none' if key.retention == 'zero' else 'gateway'
     context, conversation = _conversation(previous, new_items, instructions or '', policy, resolution)
     custom = mod_tools.custom_names(hosted)
-    _check_items(conn, context, conversation, custom)
+    mod_tools.check_items(conn, context, custom)
+    backend.check_replay(conn, conversation)
     if resolution.downgrades:
         logger.info('Downgrade accepted: tenant=%s key=%s model=%s losses=%s', key.tenant, key.id, model,
                     ','.join(resolution.downgrades))
@@ -111,18 +108,13 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
                 echo_tools=[_echo(t) for t in tools] + [h for h in hosted if h.get('type') == 'custom'])
 
 
-def _check_items(conn: Any, context: list, conversation: mod_items.Conversation, custom: frozenset) -> None:
-    """What the backend cannot take, refused before dispatch: custom tool items, a continuation it would refuse."""
-    item = next((i for i in context if i['type'] in mod_items.CUSTOM_TYPES), None)
-    if item is not None and backend.kind(conn) != mod_tools.CUSTOM_BACKEND:
-        raise GatewayError(f'input: {item["type"]} items need an {mod_tools.CUSTOM_BACKEND} backend; model '
-                           f'{conn.name!r} is a {backend.kind(conn)} backend', param='input',
-                           code='unsupported_field')
-    undeclared = sorted({i['name'] for i in context if i['type'] == 'custom_tool_call'} - custom)
-    if undeclared:
-        raise GatewayError(f'input: custom_tool_call items of {", ".join(undeclared)}, which tools does not declare; '
-                           f'declare each custom tool on every request (as type "custom")', param='tools')
-    backend.check_replay(conn, conversation)
+def _new_items(gw: Any, key: Any, body: dict, sealing: bool) -> tuple[list, Any]:
+    """The input as gateway items, sealed reasoning opened; and the tenant's sealer, when one is needed."""
+    if 'input' not in body:
+        raise GatewayError('input is required', param='input')
+    items = mod_items.from_responses_input(body['input'])
+    sealer = reasoning.sealer(gw, key) if sealing or reasoning.has_sealed(items) else None
+    return reasoning.restore(items, sealer), sealer
 
 
 def _ask_encrypted(conn: Any, store: bool, params: dict) -> dict:
@@ -274,15 +266,6 @@ def output_items(thinking: str, text: str, status: str, calls: list | None = Non
         out.append(message_item(text, 'incomplete' if status == 'incomplete' else 'completed'))
     return out + [mod_tools.call_item(c, custom) for c in calls or ()]
 
-
-def sealed_answer(call: Call, answer: dict) -> str:
-    """The ``encrypted_content`` of the answer's reasoning item: '' unless asked for and there are natives."""
-    if call.sealer is None or not answer.get('opaque'):
-        return ''
-    items = answer['opaque']['items']
-    if not any('native' in i or 'kind' not in i for i in items):
-        return ''       # nothing but canonical items: the client's own output items say it all
-    return call.sealer.seal(answer)
 
 
 def record(call: Call, status: str, usage: dict | None, output: list, *, provider_id: str = '',

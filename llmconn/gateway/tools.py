@@ -32,6 +32,8 @@ from typing import Any
 
 from llmconn import tools as mod_tools
 from llmconn.errors import GatewayError, InvalidInput
+from llmconn.gateway.backend import kind
+from llmconn.gateway.items import CUSTOM_TYPES
 from llmconn.gateway.stream import item_id
 
 FUNCTION_KINDS = (None, 'function')
@@ -74,7 +76,6 @@ def definitions(key: Any, conn: Any, raw: Any, chat: bool = False) -> tuple[tupl
 
 def _custom(conn: Any, tool: dict, where: str, chat: bool) -> dict:
     """A custom tool's definition, checked, for an openai-responses backend only."""
-    from llmconn.gateway.backend import kind
     if chat:
         raise GatewayError(f'{where}: custom tools are offered on /v1/responses only', param=f'{where}.type',
                            code='unsupported_field')
@@ -102,6 +103,18 @@ def _check_format(fmt: Any, where: str) -> None:
             or fmt.get('syntax') not in _GRAMMAR_SYNTAXES or not isinstance(fmt.get('definition'), str):
         raise GatewayError(f'{where} must be {{"type": "text"}} or {{"type": "grammar", "syntax": "lark" | "regex", '
                            f'"definition": str}}', param=where)
+
+
+def check_items(conn: Any, context: list, custom: frozenset) -> None:
+    """Custom tool items only to a backend that has custom tools, and only for the custom tools declared."""
+    item = next((i for i in context if i['type'] in CUSTOM_TYPES), None)
+    if item is not None and kind(conn) != CUSTOM_BACKEND:
+        raise GatewayError(f'input: {item["type"]} items need an {CUSTOM_BACKEND} backend; model {conn.name!r} is a '
+                           f'{kind(conn)} backend', param='input', code='unsupported_field')
+    undeclared = sorted({i['name'] for i in context if i['type'] == 'custom_tool_call'} - custom)
+    if undeclared:
+        raise GatewayError(f'input: custom_tool_call items of {", ".join(undeclared)}, which tools does not declare; '
+                           f'declare each custom tool on every request (as type "custom")', param='tools')
 
 
 def custom_names(hosted: Any) -> frozenset:
