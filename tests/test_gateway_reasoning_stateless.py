@@ -207,6 +207,7 @@ def test_a_zero_retention_key_continues_statelessly_and_leaves_no_arguments_in_r
     marker = f'ZSEAL{uuid.uuid4().hex}'
     ask = 'call get_order {"order_id": "%s"}' % marker
     zero = gw.client('zero')
+    gw.fake.clear()
     first = first_turn(zero, 'Claude', ask=ask, include=INCLUDE)
     second = create(zero, model='Claude', tools=[ORDER_TOOL], store=False, include=INCLUDE,
                     input=sent_back(first, ask=ask))

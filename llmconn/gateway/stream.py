@@ -8,13 +8,18 @@ by ``sequence_number``::
         response.output_item.added
         reasoning:  reasoning_summary_part.added, reasoning_summary_text.delta..., .done, part.done
         message:    content_part.added, output_text.delta..., output_text.done, content_part.done
+        function_call:      function_call_arguments.delta..., .done
+        custom_tool_call:   custom_tool_call_input.delta..., .done
         response.output_item.done
     response.completed | response.incomplete | response.failed
 
 An item is opened by its first delta and closed when a delta of the other
 kind arrives or the answer ends, so interleaved thinking and text become
 several items, each well-formed. There is always a message item, even for an
-empty answer. :class:`ChatChunks` emits ``chat.completion.chunk`` objects.
+empty answer, unless the answer is only calls. The sealed reasoning a
+stateless client asked for (``include``) is known only once the answer is
+whole, so it comes as one more reasoning item (empty summary) after the
+text and before the calls, complete in its ``output_item.done``. :class:`ChatChunks` emits ``chat.completion.chunk`` objects.
 
 Neither does I/O: the route feeds them and writes what they return.
 """
