@@ -62,11 +62,12 @@ def check_replay(conn: Any, conversation: Conversation) -> None:
         steps = mod_items.plain(steps)
     said = mod_items.rounds(steps)[-1][0]
     if mod_items.calls(said) and not any('native' in s for s in said):     # the client's own calls, bare
-        raise GatewayError('input: the function calls this request answers were made by Claude with extended '
-                           'thinking, which must get its signed thinking back before them, and the request does '
-                           'not carry it. Ask for include: ["reasoning.encrypted_content"] and send the reasoning '
-                           'item back with the calls, or store the response and continue it with '
-                           'previous_response_id', param='input', code='reasoning_required')
+        raise GatewayError('input: Claude with extended thinking must get its signed thinking back before the '
+                           'function calls a request answers, and this request carries none for them (they came '
+                           'back without their sealed reasoning item, or another model or mode made them). Ask '
+                           'for include: ["reasoning.encrypted_content"] and send the reasoning item back with the '
+                           'calls, or store the response and continue it with previous_response_id',
+                           param='input', code='reasoning_required')
 
 
 def check_usable(conn: Any, model: str) -> None:
