@@ -6,7 +6,7 @@ plain JSON-able dict with a ``kind``:
 * ``text`` - assistant text (``text``)
 * ``refusal`` - the model declined (``text``)
 * ``call`` - a function call (``call_id``, ``name``, ``arguments``: a dict)
-* ``output`` - a function's output (``call_id``, ``output``: str, ``is_error``)
+* ``output`` - a function's output (``call_id``, ``output``: str, ``is_error``; ``name`` of the call, optional)
 * ``reasoning`` - the model's reasoning, opaque (``native``)
 * ``hosted`` - a provider-run tool's item, opaque (``native``)
 
@@ -44,8 +44,11 @@ def call(call_id: str, name: str, arguments: Any, native: Any = None) -> dict:
     return _with_native({'kind': CALL, 'call_id': call_id, 'name': name, 'arguments': arguments}, native)
 
 
-def output(call_id: str, value: str, is_error: bool = False) -> dict:
-    return {'kind': OUTPUT, 'call_id': call_id, 'output': value, 'is_error': bool(is_error)}
+def output(call_id: str, value: str, is_error: bool = False, name: str = '') -> dict:
+    item = {'kind': OUTPUT, 'call_id': call_id, 'output': value, 'is_error': bool(is_error)}
+    if name:
+        item['name'] = name     # the call's, for a mapping that renders outputs by the tool they answer
+    return item
 
 
 def reasoning(native: Any) -> dict:

@@ -122,7 +122,7 @@ def test_allowed_losses_count_only_with_allow_lossy():
 def test_unsupported_items_are_refused_naming_the_item():
     with pytest.raises(GatewayError) as refused:
         items.from_responses_input([{'role': 'user', 'content': 'x'},
-                                    {'type': 'custom_tool_call_output', 'call_id': 'c', 'output': '1'}])
+                                    {'type': 'item_reference', 'id': 'msg_1'}])
     assert refused.value.param == 'input[1].type'
     with pytest.raises(GatewayError) as arguments:
         items.from_responses_input([{'type': 'function_call', 'call_id': 'c', 'name': 'f', 'arguments': '[1]'}])

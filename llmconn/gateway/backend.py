@@ -28,6 +28,7 @@ from llmconn.providers.base import STREAM, SYSTEM
 from llmconn.types import Event, Reply, Request
 
 RESPONSES_KIND = 'openai-responses'
+_THINKING_MODES = ('enabled', 'adaptive')     # Claude's thinking types that sign their blocks
 
 # The provider's stop reason (in its raw answer) that means "cut short", per kind.
 _INCOMPLETE = {
@@ -45,6 +46,28 @@ def kind(conn: Any) -> str:
 def keeps_state(conn: Any) -> bool:
     """True when the backend itself keeps responses and continues from their ids."""
     return kind(conn) == RESPONSES_KIND and conn.conf.state == 'provider'
+
+
+def check_replay(conn: Any, conversation: Conversation) -> None:
+    """Refuse, before dispatch, continuing calls that Claude with thinking on would refuse without their thinking.
+
+    Claude wants the assistant message that continues after ``tool_use`` to start with its signed
+    thinking block; a stateless client that did not ask for (or send back) the sealed reasoning
+    item has none to send, and no other form of the turn is faithful.
+    """
+    if kind(conn) != 'claude' or conn.provider.mode not in _THINKING_MODES or not conversation.items:
+        return
+    steps = list(conversation.items)
+    if conversation.tag != conn.provider.tag:
+        steps = mod_items.plain(steps)
+    said = mod_items.rounds(steps)[-1][0]
+    if mod_items.calls(said) and not any('native' in s for s in said):     # the client's own calls, bare
+        raise GatewayError('input: Claude with extended thinking must get its signed thinking back before the '
+                           'function calls a request answers, and this request carries none for them (they came '
+                           'back without their sealed reasoning item, or another model or mode made them). Ask '
+                           'for include: ["reasoning.encrypted_content"] and send the reasoning item back with the '
+                           'calls, or store the response and continue it with previous_response_id',
+                           param='input', code='reasoning_required')
 
 
 def check_usable(conn: Any, model: str) -> None:

@@ -20,8 +20,9 @@ from typing import Any, Iterator
 from llmconn.errors import LLMConnError, StoreError
 from llmconn.gateway import backend, items as mod_items
 from llmconn.gateway.echo import bounded
+from llmconn.gateway.reasoning import sealed_answer
 from llmconn.gateway.responses import Call, output_items, record, response_object, usage_object
-from llmconn.gateway.tools import function_call_item
+from llmconn.gateway.tools import call_item
 from llmconn.gateway.stream import ResponseEvents, estimated_usage, sse
 
 logger = logging.getLogger('llmconn.gateway')
@@ -51,7 +52,7 @@ def respond(gw: Any, call: Call) -> dict:
         _record_failure(gw, call, e, [])
         raise
     status, reason, usage, answer, calls = _finished(call, reply)
-    output = output_items(reply.thinking, reply.text, status, calls)
+    output = output_items(reply.thinking, reply.text, status, calls, sealed_answer(call.sealer, answer), call.custom)
     gw.ledger.save(record(call, status, usage, output, provider_id=reply.response_id, answer=answer,
                           reason=reason, calls=calls), call.expiry, count_usage=True)
     return response_object(call, status, output, usage, reason=reason)
@@ -83,7 +84,7 @@ def _body(gw: Any, call: Call, normalizer: ResponseEvents, events: Iterator, pro
             reply = event.reply
             status, reason, usage, answer, calls = _finished(call, reply)
             closing = normalizer.finish(reply.text, response_object(call, status, [], usage, reason=reason),
-                                        [function_call_item(c) for c in calls])
+                                        [call_item(c, call.custom) for c in calls], sealed_answer(call.sealer, answer))
             gw.ledger.save(record(call, status, usage, normalizer.output, provider_id=reply.response_id,
                                   answer=answer, reason=reason, calls=calls), call.expiry, count_usage=True)
             ended = True

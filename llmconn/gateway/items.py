@@ -15,6 +15,18 @@ outputs that answer them are items of their own::
     {"type": "function_call", "call_id": str, "name": str, "arguments": dict}
     {"type": "function_call_output", "call_id": str, "output": str}
 
+A custom tool's call (free-form ``input``) is a call whose arguments are
+``{"input": <text>}``, and its output an output like any other::
+
+    {"type": "custom_tool_call", "call_id": str, "name": str, "arguments": {"input": str}}
+    {"type": "custom_tool_call_output", "call_id": str, "output": str}
+
+A reasoning item a client sends back is kept only for its
+``encrypted_content`` (:mod:`llmconn.gateway.reasoning` opens it and
+drops the rest)::
+
+    {"type": "reasoning", "encrypted_content": str | None, "where": "input[<i>]"}
+
 An output must answer a call of the assistant message just before it, and
 every call must be answered before the conversation goes on: either is a
 400 naming the call id, before any network call.
@@ -42,7 +54,9 @@ ROLES = ('user', 'assistant', *SYSTEM_ROLES)
 MERGE_SEPARATOR = '\n\n'
 MAX_CALL_ID_CHARS = 256             # providers' call ids are a few dozen characters
 _TEXT_PARTS = ('input_text', 'output_text', 'text')
-_PENDING_TOOL_ITEMS = ('custom_tool_call', 'custom_tool_call_output')
+CALL_TYPES = ('function_call', 'custom_tool_call')
+OUTPUT_TYPES = ('function_call_output', 'custom_tool_call_output')
+CUSTOM_TYPES = ('custom_tool_call', 'custom_tool_call_output')
 
 
 @dataclass(frozen=True)
@@ -98,13 +112,14 @@ def _message_item(raw: Any, where: str) -> dict:
     if not isinstance(raw, dict):
         raise GatewayError(f'{where} must be an object', param=where)
     kind = raw.get('type', 'message')
-    if kind in _PENDING_TOOL_ITEMS:
-        raise GatewayError(f'{where}: {kind} items are not supported through the gateway yet (tool calling '
-                           f'is not available)', param=f'{where}.type', code='unsupported_field')
     if kind == 'function_call':
         return function_call(raw.get('call_id'), raw.get('name'), raw.get('arguments'), where)
-    if kind == 'function_call_output':
-        return function_output(raw.get('call_id'), raw.get('output'), where)
+    if kind == 'custom_tool_call':
+        return custom_call(raw.get('call_id'), raw.get('name'), raw.get('input'), where)
+    if kind in OUTPUT_TYPES:
+        return dict(function_output(raw.get('call_id'), raw.get('output'), where), type=kind)
+    if kind == 'reasoning':
+        return reasoning(raw.get('encrypted_content'), where)
     if kind != 'message':
         raise GatewayError(f'{where}: item type {shown(kind)} is not supported through the gateway',
                            param=f'{where}.type', code='unsupported_field')
@@ -133,6 +148,21 @@ def function_call(call_id: Any, name: Any, arguments: Any, where: str) -> dict:
     if not isinstance(parsed, dict):
         raise GatewayError(f'{where}.arguments must be a JSON object as a string', param=f'{where}.arguments')
     return {'type': 'function_call', 'call_id': call_id, 'name': name, 'arguments': parsed}
+
+
+def custom_call(call_id: Any, name: Any, text: Any, where: str) -> dict:
+    """A custom tool's call the client sends back (its ``input`` free-form text)."""
+    call_id = _call_id(call_id, where)
+    if not isinstance(name, str) or not name:
+        raise GatewayError(f'{where}: a custom tool call needs its name', param=f'{where}.name')
+    return {'type': 'custom_tool_call', 'call_id': call_id, 'name': name,
+            'arguments': {'input': check_text(text, f'{where}.input')}}
+
+
+def reasoning(encrypted: Any, where: str) -> dict:
+    if encrypted is not None and not isinstance(encrypted, str):
+        raise GatewayError(f'{where}.encrypted_content must be a string', param=f'{where}.encrypted_content')
+    return {'type': 'reasoning', 'encrypted_content': encrypted, 'where': where}
 
 
 def function_output(call_id: Any, output: Any, where: str) -> dict:

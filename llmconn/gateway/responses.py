@@ -12,6 +12,12 @@ that can be continued). It decides the new response's store mode::
 
 ``instructions`` belong to one response only: they are hashed into its
 record and never carried over, as OpenAI defines.
+
+``include: ["reasoning.encrypted_content"]`` makes the answer's reasoning
+item carry the backend's own items, sealed (:mod:`llmconn.gateway.reasoning`),
+so a stateless client can continue a turn of function calls; sealed
+reasoning items in ``input`` are opened whether or not the request asks
+for more.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any
 
 from llmconn.errors import GatewayError
 from llmconn import items as canon
-from llmconn.gateway import backend, input_items, items as mod_items, tools as mod_tools
+from llmconn.gateway import backend, input_items, items as mod_items, reasoning, tools as mod_tools
 from llmconn.gateway.capabilities import RESPONSES
 from llmconn.gateway.echo import shown, shown_all
 from llmconn.gateway.policy import Policy, check_history, resolve
@@ -62,6 +68,8 @@ class Call:
     tools: tuple = ()               # manual llmconn Tools (the client runs them)
     hosted: tuple = ()              # hosted tool definitions the key and the connection allow
     echo_tools: list = field(default_factory=list)      # the Response's ``tools``
+    sealer: Any = None              # seals the answer into its reasoning item (include asked for it)
+    custom: frozenset = frozenset()     # the names of the request's custom tools
     expiry: float = 30 * 86400     # seconds the record is kept (gateway.response_expiry)
     id: str = field(default_factory=new_response_id)
     created_at: float = field(default_factory=mod_time.time)
@@ -76,28 +84,50 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
     check_hosted_tools(key, body.get('tools'))
     tools, hosted = mod_tools.definitions(key, conn, body.get('tools'))
     policy = Policy.parse(body.get('fallback_policy'))
-    resolution = resolve(RESPONSES, backend.kind(conn), body, policy)
+    sealing, include = reasoning.split_include(body.get('include'))
+    resolution = resolve(RESPONSES, backend.kind(conn), dict(body, include=include), policy)
     store, stream = _flag(body, 'store', True), _flag(body, 'stream', False)
     instructions = body.get('instructions')
     if instructions is not None:
         mod_items.check_text(instructions, 'instructions')
-    if 'input' not in body:
-        raise GatewayError('input is required', param='input')
-    new_items = mod_items.from_responses_input(body['input'])
+    new_items, sealer = _new_items(gw, key, body, sealing)
     previous = _previous(gw, key, body.get('previous_response_id'), conn)
     mode = 'none' if not store else 'provider' if backend.keeps_state(conn) else \
         'none' if key.retention == 'zero' else 'gateway'
     context, conversation = _conversation(previous, new_items, instructions or '', policy, resolution)
     check_history(RESPONSES, backend.kind(conn), conversation)
+    custom = mod_tools.custom_names(hosted)
+    mod_tools.check_items(conn, context, custom)
+    backend.check_replay(conn, conversation)
     if resolution.downgrades:
         logger.info('Downgrade accepted: tenant=%s key=%s model=%s losses=%s', key.tenant, key.id, model,
                     ','.join(resolution.downgrades))
     return Call(key=key, conn=conn, model=model, stream=stream, store=store, mode=mode,
                 instructions=instructions, metadata=_metadata(body.get('metadata'), resolution.downgrades),
-                params=resolution.params, downgrades=resolution.downgrades, conversation=conversation,
-                context=context, previous=previous, input=new_items, expiry=gw.config.response_expiry,
+                params=_ask_encrypted(conn, store, resolution.params), downgrades=resolution.downgrades,
+                conversation=conversation, context=context, previous=previous, input=new_items,
+                expiry=gw.config.response_expiry,
                 provider_previous_id=previous['provider_response_id'] if _provider_kept(previous) else '',
-                tools=tools, hosted=hosted, echo_tools=[_echo(t) for t in tools])
+                tools=tools, hosted=hosted, sealer=sealer if sealing else None, custom=custom,
+                echo_tools=[_echo(t) for t in tools] + [h for h in hosted if h.get('type') == 'custom'])
+
+
+def _new_items(gw: Any, key: Any, body: dict, sealing: bool) -> tuple[list, Any]:
+    """The input as gateway items, sealed reasoning opened; and the tenant's sealer, when one is needed."""
+    if 'input' not in body:
+        raise GatewayError('input is required', param='input')
+    items = mod_items.from_responses_input(body['input'])
+    sealer = reasoning.sealer(gw, key) if sealing or reasoning.has_sealed(items) else None
+    return reasoning.restore(items, sealer), sealer
+
+
+def _ask_encrypted(conn: Any, store: bool, params: dict) -> dict:
+    """A Responses backend that must not store a reasoning answer is asked for its encrypted content,
+    without which its reasoning items cannot be sent back (state: local asks for it itself)."""
+    if backend.kind(conn) == backend.RESPONSES_KIND and not store and 'reasoning' in params \
+            and 'include' not in params:
+        return dict(params, include=[reasoning.ENCRYPTED_REASONING])
+    return params
 
 
 def _echo(tool: Any) -> dict:
@@ -115,7 +145,7 @@ def _conversation(previous: dict | None, new_items: list, instructions: str, pol
 
     A chain the backend keeps gets only the new input; otherwise the stored items are replayed.
     """
-    if _provider_kept(previous) and any(i['type'] == 'function_call_output' for i in new_items):
+    if _provider_kept(previous) and any(i['type'] in mod_items.OUTPUT_TYPES for i in new_items):
         return list(new_items), _provider_outputs(previous, new_items)
     if _provider_kept(previous):
         conversation = mod_items.to_conversation(new_items, instructions, policy, resolution)
@@ -129,17 +159,17 @@ def _conversation(previous: dict | None, new_items: list, instructions: str, pol
 
 def _provider_outputs(previous: dict, new_items: list) -> mod_items.Conversation:
     """Outputs continuing a chain the backend keeps: joined to the previous response's calls, all of them."""
-    waiting = [c['call_id'] for c in previous.get('tool_calls') or ()]
+    waiting = {c['call_id']: c['name'] for c in previous.get('tool_calls') or ()}
     outputs = []
     for item in new_items:
-        if item['type'] != 'function_call_output':
+        if item['type'] not in mod_items.OUTPUT_TYPES:
             raise GatewayError('input may hold only function_call_output items when it answers the calls of a '
                                'response the backend keeps', param='input')
         if item['call_id'] not in waiting or item['call_id'] in {o['call_id'] for o in outputs}:
-            raise GatewayError(f'function_call_output for call_id {shown(item["call_id"])} answers no function call '
+            raise GatewayError(f'{item["type"]} for call_id {shown(item["call_id"])} answers no function call '
                                f'of the response it continues (unknown or already answered call id)',
                                param='input', code='unknown_call_id')
-        outputs.append(canon.output(item['call_id'], item['output']))
+        outputs.append(canon.output(item['call_id'], item['output'], name=waiting[item['call_id']]))
     missing = [c for c in waiting if c not in {o['call_id'] for o in outputs}]
     if missing:
         raise GatewayError(f'the function calls {shown_all(missing)} have no function_call_output; answer each '
@@ -231,12 +261,15 @@ def response_object(call: Call, status: str, output: list, usage: dict | None, *
             'text': {'format': {'type': 'text'}}, 'truncation': 'disabled', 'background': False}
 
 
-def output_items(thinking: str, text: str, status: str, calls: list | None = None) -> list:
-    """The Response's output: reasoning, the message (unless the answer is only calls), the calls."""
-    out = [reasoning_item(thinking)] if thinking else []
+def output_items(thinking: str, text: str, status: str, calls: list | None = None, sealed: str = '',
+                 custom: frozenset = frozenset()) -> list:
+    """The Response's output: reasoning (carrying ``sealed``), the message (unless the answer is only calls),
+    the calls (a custom tool's as ``custom_tool_call``)."""
+    out = [reasoning_item(thinking, sealed=sealed)] if thinking or sealed else []
     if text or not calls:
         out.append(message_item(text, 'incomplete' if status == 'incomplete' else 'completed'))
-    return out + [mod_tools.function_call_item(c) for c in calls or ()]
+    return out + [mod_tools.call_item(c, custom) for c in calls or ()]
+
 
 
 def record(call: Call, status: str, usage: dict | None, output: list, *, provider_id: str = '',

@@ -8,13 +8,18 @@ by ``sequence_number``::
         response.output_item.added
         reasoning:  reasoning_summary_part.added, reasoning_summary_text.delta..., .done, part.done
         message:    content_part.added, output_text.delta..., output_text.done, content_part.done
+        function_call:      function_call_arguments.delta..., .done
+        custom_tool_call:   custom_tool_call_input.delta..., .done
         response.output_item.done
     response.completed | response.incomplete | response.failed
 
 An item is opened by its first delta and closed when a delta of the other
 kind arrives or the answer ends, so interleaved thinking and text become
 several items, each well-formed. There is always a message item, even for an
-empty answer. :class:`ChatChunks` emits ``chat.completion.chunk`` objects.
+empty answer, unless the answer is only calls. The sealed reasoning a
+stateless client asked for (``include``) is known only once the answer is
+whole, so it comes as one more reasoning item (empty summary) after the
+text and before the calls, complete in its ``output_item.done``. :class:`ChatChunks` emits ``chat.completion.chunk`` objects.
 
 Neither does I/O: the route feeds them and writes what they return.
 """
@@ -53,9 +58,13 @@ def message_item(text: str, status: str = 'completed', ident: str = '') -> dict:
             'content': [{'type': 'output_text', 'text': text, 'annotations': [], 'logprobs': []}]}
 
 
-def reasoning_item(summary: str, ident: str = '') -> dict:
-    return {'id': ident or item_id('rs'), 'type': 'reasoning',
-            'summary': [{'type': 'summary_text', 'text': summary}]}
+def reasoning_item(summary: str, ident: str = '', sealed: str = '') -> dict:
+    """A reasoning item; ``sealed`` (:mod:`llmconn.gateway.reasoning`) is its ``encrypted_content``."""
+    item = {'id': ident or item_id('rs'), 'type': 'reasoning',
+            'summary': [{'type': 'summary_text', 'text': summary}] if summary else []}
+    if sealed:
+        item['encrypted_content'] = sealed
+    return item
 
 
 class ResponseEvents:
@@ -94,9 +103,10 @@ class ResponseEvents:
                                    logprobs=[]))
         return out
 
-    def finish(self, text: str, final: dict, calls: list | tuple = ()) -> list[dict]:
-        """The answer is complete: close the items (adding any text not streamed), add the function
-        calls (``calls``: Responses ``function_call`` items), and end with ``final``."""
+    def finish(self, text: str, final: dict, calls: list | tuple = (), sealed: str = '') -> list[dict]:
+        """The answer is complete: close the items (adding any text not streamed), add the reasoning item
+        that carries ``sealed`` (known only now), the calls (``calls``: Responses ``function_call`` and
+        ``custom_tool_call`` items), and end with ``final``."""
         streamed = ''.join(self.text)
         out = []
         if text.startswith(streamed) and len(text) > len(streamed):
@@ -105,8 +115,10 @@ class ResponseEvents:
                 not (self.open and self.open['kind'] == 'text'):
             out += self._close() + self._open('text')
         out += self._close()
+        if sealed:
+            out += self._sealed(sealed)
         for call in calls:
-            out += self._function_call(call)
+            out += self._custom_call(call) if call['type'] == 'custom_tool_call' else self._function_call(call)
         self.response = dict(final, output=self.output)
         kind = {'completed': 'response.completed', 'incomplete': 'response.incomplete'}.get(final['status'],
                                                                                            'response.failed')
@@ -126,6 +138,26 @@ class ResponseEvents:
         item = reasoning_item(text, self.open['id']) if self.open['kind'] == 'thinking' else \
             message_item(text, 'incomplete', self.open['id'])
         return self.output + [item]
+
+    def _sealed(self, sealed: str) -> list[dict]:
+        """The reasoning item whose ``encrypted_content`` a stateless client sends back (summary already streamed)."""
+        index = len(self.output)
+        item = reasoning_item('', sealed=sealed)
+        self.output.append(item)
+        return [self._event('response.output_item.added', output_index=index,
+                            item={'id': item['id'], 'type': 'reasoning', 'summary': []}),
+                self._event('response.output_item.done', output_index=index, item=item)]
+
+    def _custom_call(self, item: dict) -> list[dict]:
+        """One custom tool call: added (empty input), its input as deltas, done, the item done."""
+        index = len(self.output)
+        where = {'item_id': item['id'], 'output_index': index}
+        out = [self._event('response.output_item.added', output_index=index, item=dict(item, input=''))]
+        out += [self._event('response.custom_tool_call_input.delta', **where, delta=piece)
+                for piece in _pieces(item['input'])]
+        out.append(self._event('response.custom_tool_call_input.done', **where, input=item['input']))
+        self.output.append(item)
+        return out + [self._event('response.output_item.done', output_index=index, item=item)]
 
     def _function_call(self, item: dict) -> list[dict]:
         """One call: added (empty arguments), its arguments as deltas, done, the item done."""

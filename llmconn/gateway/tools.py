@@ -15,6 +15,14 @@ name, the response id that made the call, status ``answered``).
 Hosted tools (``web_search`` and the like) pass only when the key allows
 them and the connection lists them in its ``hosted_tools``; otherwise the
 request is refused before dispatch.
+
+Custom tools (``{"type": "custom", "name", "description", "format"}``,
+free-form input, Responses only) go verbatim to an ``openai-responses``
+backend, which runs the model that can call them; any other backend is a
+400 naming the tool before dispatch. Their calls come back as
+``custom_tool_call`` items (``input``: text) and are answered by
+``custom_tool_call_output`` items; inside the gateway a custom call is a
+call whose arguments are ``{"input": <text>}``.
 """
 
 from __future__ import annotations
@@ -25,9 +33,15 @@ from typing import Any
 from llmconn import tools as mod_tools
 from llmconn.errors import GatewayError, InvalidInput
 from llmconn.gateway.echo import shown
+from llmconn.gateway.backend import kind
+from llmconn.gateway.items import CUSTOM_TYPES
 from llmconn.gateway.stream import item_id
 
 FUNCTION_KINDS = (None, 'function')
+CUSTOM_KIND = 'custom'
+CUSTOM_BACKEND = 'openai-responses'
+_CUSTOM_FIELDS = ('type', 'name', 'description', 'format')
+_GRAMMAR_SYNTAXES = ('lark', 'regex')
 
 
 def definitions(key: Any, conn: Any, raw: Any, chat: bool = False) -> tuple[tuple, tuple]:
@@ -44,15 +58,69 @@ def definitions(key: Any, conn: Any, raw: Any, chat: bool = False) -> tuple[tupl
         kind = tool.get('type')
         if kind in FUNCTION_KINDS:
             functions.append(_function(tool.get('function') if chat else tool, where + ('.function' if chat else '')))
+        elif kind == CUSTOM_KIND:
+            hosted.append(_custom(conn, tool, where, chat))
         elif kind in key.hosted_tools:
             hosted.append(_hosted(conn, tool, where))
         else:
             raise GatewayError(f'{where}: this key may not use the hosted tool {shown(kind)}', param=f'{where}.type',
                                code='hosted_tool_not_allowed')
     try:
-        return mod_tools.prepare(functions), tuple(hosted)
+        functions = mod_tools.prepare(functions)
     except InvalidInput as e:
         raise GatewayError(str(e), param='tools') from None
+    names = [t.name for t in functions] + [h['name'] for h in hosted if h.get('type') == CUSTOM_KIND]
+    if len(set(names)) != len(names):
+        raise GatewayError('tools: two tools have the same name; give each tool its own', param='tools')
+    return functions, tuple(hosted)
+
+
+def _custom(conn: Any, tool: dict, where: str, chat: bool) -> dict:
+    """A custom tool's definition, checked, for an openai-responses backend only."""
+    if chat:
+        raise GatewayError(f'{where}: custom tools are offered on /v1/responses only', param=f'{where}.type',
+                           code='unsupported_field')
+    if kind(conn) != CUSTOM_BACKEND:
+        raise GatewayError(f'{where}: custom tools (type "custom", free-form input) need an {CUSTOM_BACKEND} '
+                           f'backend; model {conn.name!r} is a {kind(conn)} backend. Declare a function tool '
+                           f'instead', param=f'{where}.type', code='unsupported_field')
+    extra = sorted(set(tool) - set(_CUSTOM_FIELDS))
+    if extra:
+        raise GatewayError(f'{where}.{extra[0]} is not supported through the gateway', param=f'{where}.{extra[0]}',
+                           code='unsupported_field')
+    if not isinstance(tool.get('name'), str) or not mod_tools.NAME_PATTERN.match(tool['name']):
+        raise GatewayError(f'{where}.name is required: letters, digits, _ and -, at most 64 characters',
+                           param=f'{where}.name')
+    if not isinstance(tool.get('description') or '', str):
+        raise GatewayError(f'{where}.description must be a string', param=f'{where}.description')
+    _check_format(tool.get('format'), f'{where}.format')
+    return {k: tool[k] for k in _CUSTOM_FIELDS if tool.get(k) is not None}
+
+
+def _check_format(fmt: Any, where: str) -> None:
+    if fmt is None or fmt == {'type': 'text'}:
+        return
+    if not isinstance(fmt, dict) or fmt.get('type') != 'grammar' or set(fmt) - {'type', 'syntax', 'definition'} \
+            or fmt.get('syntax') not in _GRAMMAR_SYNTAXES or not isinstance(fmt.get('definition'), str):
+        raise GatewayError(f'{where} must be {{"type": "text"}} or {{"type": "grammar", "syntax": "lark" | "regex", '
+                           f'"definition": str}}', param=where)
+
+
+def check_items(conn: Any, context: list, custom: frozenset) -> None:
+    """Custom tool items only to a backend that has custom tools, and only for the custom tools declared."""
+    item = next((i for i in context if i['type'] in CUSTOM_TYPES), None)
+    if item is not None and kind(conn) != CUSTOM_BACKEND:
+        raise GatewayError(f'input: {item["type"]} items need an {CUSTOM_BACKEND} backend; model {conn.name!r} is a '
+                           f'{kind(conn)} backend', param='input', code='unsupported_field')
+    undeclared = sorted({i['name'] for i in context if i['type'] == 'custom_tool_call'} - custom)
+    if undeclared:
+        raise GatewayError(f'input: custom_tool_call items of {", ".join(undeclared)}, which tools does not declare; '
+                           f'declare each custom tool on every request (as type "custom")', param='tools')
+
+
+def custom_names(hosted: Any) -> frozenset:
+    """The names of the custom tools among a request's hosted definitions."""
+    return frozenset(h['name'] for h in hosted if h.get('type') == CUSTOM_KIND)
 
 
 def _function(spec: Any, where: str) -> mod_tools.Tool:
@@ -88,6 +156,19 @@ def function_call_item(call: dict, status: str = 'completed') -> dict:
     return {'type': 'function_call', 'id': 'fc_' + call['call_id'].removeprefix('call_').removeprefix('toolu_'),
             'call_id': call['call_id'], 'name': call['name'], 'arguments': arguments_text(call['arguments']),
             'status': status}
+
+
+def custom_call_item(call: dict) -> dict:
+    """A Responses ``custom_tool_call`` output item (``openai.types.responses.ResponseCustomToolCall``)."""
+    arguments = call['arguments']
+    text = arguments.get('input') if isinstance(arguments, dict) else arguments
+    return {'type': 'custom_tool_call', 'id': 'ctc_' + call['call_id'].removeprefix('call_'),
+            'call_id': call['call_id'], 'name': call['name'], 'input': text if isinstance(text, str) else ''}
+
+
+def call_item(call: dict, custom: frozenset = frozenset()) -> dict:
+    """A call as its Responses output item: a custom tool's or a function's."""
+    return custom_call_item(call) if call['name'] in custom else function_call_item(call)
 
 
 def chat_tool_call(call: dict, index: int | None = None) -> dict:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from llmconn import items as canon
 from llmconn.errors import GatewayError
 from llmconn.gateway.echo import shown, shown_all
-from llmconn.gateway.items import MERGE_SEPARATOR, SYSTEM_ROLES, Conversation
+from llmconn.gateway.items import CALL_TYPES, MERGE_SEPARATOR, OUTPUT_TYPES, SYSTEM_ROLES, Conversation
 from llmconn.gateway.policy import Policy, Resolution, check_loss
 from llmconn.types import Turn
 
@@ -37,11 +37,11 @@ def to_conversation(items: list[dict], instructions: str, policy: Policy, resolu
                            'a system or developer message after the conversation began cannot be placed there '
                            'on this backend')
             system.append(item['text'])
-        elif kind == 'function_call':
+        elif kind in CALL_TYPES:
             _new_call(chat, item['call_id'])
             _assistant_steps(chat, [canon.call(item['call_id'], item['name'], item['arguments'])], '', policy,
                              resolution, merge=False)
-        elif kind == 'function_call_output':
+        elif kind in OUTPUT_TYPES:
             _answer(chat, item)
         elif item['role'] == 'assistant':
             _assistant_steps(chat, *_said(item), policy, resolution, merge=True)
@@ -95,12 +95,12 @@ def _new_call(chat: list, call_id: str) -> None:
 
 def _answer(chat: list, item: dict) -> None:
     last = chat[-1] if chat and chat[-1]['role'] == 'assistant' else None
-    waiting = {c['call_id'] for c in canon.pending_calls(last['steps'])} if last else set()
+    waiting = {c['call_id']: c['name'] for c in canon.pending_calls(last['steps'])} if last else {}
     if item['call_id'] not in waiting:
-        raise GatewayError(f'function_call_output for call_id {shown(item["call_id"])} answers no function call of the '
+        raise GatewayError(f'{item["type"]} for call_id {shown(item["call_id"])} answers no function call of the '
                            f'response it continues (unknown or already answered call id)', param='input',
                            code='unknown_call_id')
-    last['steps'].append(canon.output(item['call_id'], item['output']))
+    last['steps'].append(canon.output(item['call_id'], item['output'], name=waiting[item['call_id']]))
 
 
 def _user(chat: list, text: str, policy: Policy, resolution: Resolution) -> None:

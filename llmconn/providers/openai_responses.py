@@ -22,7 +22,11 @@ are the answer (and the items finished by ``response.output_item.done``).
 
 Tools: ``function_call`` items are answered by ``function_call_output``
 items; under ``store: false`` the reasoning items that preceded the calls go
-back with them, verbatim. The provider-side chain (``state: provider``) is
+back with them, verbatim. A custom tool (a ``type: custom`` definition among
+the hosted ones, free-form input) is called with ``custom_tool_call`` items:
+canonically a call whose arguments are ``{"input": <text>}``, rendered back
+as that item (and its output as ``custom_tool_call_output``) for the custom
+tools the request declares. The provider-side chain (``state: provider``) is
 this module's :class:`ResponsesChain`: the first call of a turn continues the
 previous turn's response, later rounds continue the round before and send
 only the outputs, and a chain the provider forgot is re-seeded from the
@@ -44,6 +48,8 @@ from llmconn.providers.openai import bearer_headers, error_text
 from llmconn.types import Event, Reply, Request, Turn
 
 ENCRYPTED_REASONING = 'reasoning.encrypted_content'
+CUSTOM_TOOL = 'custom'              # a tool definition with free-form input (not JSON arguments)
+CUSTOM_CALL = 'custom_tool_call'
 
 # Several reasoning summaries read as paragraphs, streamed and unstreamed alike.
 THINKING_SEPARATOR = '\n\n'
@@ -87,12 +93,13 @@ class OpenAIResponsesProvider(Provider):
         stateful = self.conf.state == 'provider'
         previous = request.chain.get('previous_response_id', '') if stateful else ''
         items: list[dict[str, Any]] = []
+        custom = frozenset(t.get('name') for t in request.hosted if t.get('type') == CUSTOM_TOOL)
         if request.chain.get('continuation'):
-            items += _round_items(request.items)        # the chain holds the rest of the turn
+            items += _round_items(request.items, custom)        # the chain holds the rest of the turn
         else:
             for turn in request.history:
-                items += _turn_items(turn.user, self.steps(turn))
-            items += _turn_items(request.text, self.current(request))
+                items += _turn_items(turn.user, self.steps(turn), custom)
+            items += _turn_items(request.text, self.current(request), custom)
 
         body: dict[str, Any] = {'model': self.conf.model}
         # Instructions are not carried along a chain: they go with every call.
@@ -240,24 +247,33 @@ class ResponsesChain(Chain):
         return {'response_id': reply.response_id, 'chain': self.length}
 
 
-def _turn_items(user: str, steps: list[dict]) -> list[dict]:
+def _turn_items(user: str, steps: list[dict], custom: frozenset = frozenset()) -> list[dict]:
     if mod_items.is_plain(steps):
         return [_message('user', user), _message('assistant', nonempty(steps[0]['text']))]
-    return [_message('user', user)] + _round_items(steps)
+    return [_message('user', user)] + _round_items(steps, custom)
 
 
-def _round_items(steps: Iterable[dict]) -> list[dict]:
-    """Items as input: natives verbatim, the rest from their canonical fields."""
+def _round_items(steps: Iterable[dict], custom: frozenset = frozenset()) -> list[dict]:
+    """Items as input: natives verbatim, the rest from their canonical fields (``custom``: custom tool names)."""
     out: list[dict[str, Any]] = []
+    steps = list(steps)
+    custom_calls = {i['call_id'] for i in steps if i['kind'] == mod_items.CALL and (
+        i['name'] in custom or (i.get('native') or {}).get('type') == CUSTOM_CALL)}
     for item in steps:
         kind = item['kind']
         if 'native' in item:
             out.append(item['native'])
+        elif kind == mod_items.CALL and item['name'] in custom:
+            arguments = item['arguments'] if isinstance(item['arguments'], dict) else {}
+            out.append({'type': CUSTOM_CALL, 'call_id': item['call_id'], 'name': item['name'],
+                        'input': str(arguments.get('input', ''))})
         elif kind == mod_items.CALL:
             out.append({'type': 'function_call', 'call_id': item['call_id'], 'name': item['name'],
                         'arguments': arguments_json(item['arguments'])})
         elif kind == mod_items.OUTPUT:
-            out.append({'type': 'function_call_output', 'call_id': item['call_id'], 'output': item['output']})
+            answers_custom = item['call_id'] in custom_calls or item.get('name') in custom
+            out.append({'type': CUSTOM_CALL + '_output' if answers_custom else 'function_call_output',
+                        'call_id': item['call_id'], 'output': item['output']})
         elif kind in (mod_items.TEXT, mod_items.REFUSAL):
             out.append(_message('assistant', nonempty(item['text'])))
     return out
@@ -276,6 +292,9 @@ def _step(item: dict) -> dict:
     if kind == 'function_call':
         return mod_items.call(item.get('call_id') or '', item.get('name') or '',
                               parse_arguments(item.get('arguments')), native=item)
+    if kind == CUSTOM_CALL:
+        return mod_items.call(item.get('call_id') or '', item.get('name') or '',
+                              {'input': item.get('input') if isinstance(item.get('input'), str) else ''}, native=item)
     return mod_items.hosted(item)
 
 

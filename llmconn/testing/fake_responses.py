@@ -11,7 +11,10 @@ Tools (see :mod:`llmconn.testing.fake_tools`): calls come as
 ``function_call`` items (after a reasoning item when ``reasoning`` is set),
 answered by ``function_call_output`` items whose ``call_id`` must name a call
 in the input or the chain; a function call this server issued after a
-reasoning item must come back preceded by that reasoning item.
+reasoning item must come back preceded by that reasoning item. A declared
+``custom`` tool is called the same way with a ``custom_tool_call`` item,
+whose ``input`` is the ``input`` argument the message asked for, answered
+by a ``custom_tool_call_output`` item.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from llmconn.testing.fake_tools import argument_chunks, decide, violation
 
 ROLES = ('user', 'assistant', 'system', 'developer')
 ENCRYPTED_REASONING = 'reasoning.encrypted_content'
+_CALLS = ('function_call', 'custom_tool_call')
+_OUTPUTS = ('function_call_output', 'custom_tool_call_output')
 
 
 def _previous(call: Call, body: dict) -> dict | None:
@@ -80,10 +85,10 @@ def _input_messages(call: Call, body: dict, known_calls: set) -> tuple[list, lis
             outputs = []
         if kind == 'reasoning':
             _check_reasoning_item(call, item)
-        elif kind == 'function_call':
+        elif kind in _CALLS:
             _check_function_call(call, raw, i, item)
             call_ids.add(item.get('call_id'))
-        elif kind == 'function_call_output':
+        elif kind in _OUTPUTS:
             if item.get('call_id') not in call_ids | known_calls:
                 raise violation(call, 'responses: output without its call', error(
                     400, f"No tool call found for function call output with call_id {item.get('call_id')}.",
@@ -111,14 +116,25 @@ def _calls_output(body: dict, calls: list, signer, state) -> list:
             item['encrypted_content'] = signer.seal(summary)
         output.append(item)
         reasoning_id = item['id']
+    custom = _declared(body, 'custom')
     for name, arguments in calls:
-        item = {'id': new_id('fc_'), 'type': 'function_call', 'status': 'completed', 'call_id': new_id('call_'),
-                'name': name, 'arguments': json.dumps(arguments, separators=(',', ':'))}
+        if name in custom:
+            text = arguments.get('input')
+            item = {'id': new_id('ctc_'), 'type': 'custom_tool_call', 'status': 'completed',
+                    'call_id': new_id('call_'), 'name': name,
+                    'input': text if isinstance(text, str) else json.dumps(arguments, separators=(',', ':'))}
+        else:
+            item = {'id': new_id('fc_'), 'type': 'function_call', 'status': 'completed',
+                    'call_id': new_id('call_'), 'name': name, 'arguments': json.dumps(arguments, separators=(',', ':'))}
         if reasoning_id:
             with state.lock:
                 state.call_reasoning[item['id']] = reasoning_id
         output.append(item)
     return output
+
+
+def _declared(body: dict, *kinds: str) -> list:
+    return [t.get('name') for t in body.get('tools') or () if isinstance(t, dict) and t.get('type') in kinds]
 
 
 def _output(body: dict, text: str, last_user: str, signer) -> list:
@@ -160,7 +176,7 @@ def responses(call: Call) -> JSONAnswer | StreamAnswer:
     context = (previous['context'] if previous else []) + current
     users = [text for role, text in context if role == 'user']
     instructions = body.get('instructions') or ''
-    declared = [t.get('name') for t in body.get('tools') or () if isinstance(t, dict) and t.get('type') == 'function']
+    declared = _declared(body, 'function', 'custom')
     action = decide(users[-1] if users else '', outputs, declared)
     if isinstance(action, list):
         text = ''
@@ -183,7 +199,7 @@ def responses(call: Call) -> JSONAnswer | StreamAnswer:
         'usage': usage, 'metadata': body.get('metadata') or {},
     }
     if response['store']:
-        issued = {o['call_id'] for o in output if o['type'] == 'function_call'}
+        issued = {o['call_id'] for o in output if o['type'] in _CALLS}
         said = [('assistant', text)] if text else []
         call.state.store_response(response['id'], {'response': response, 'context': context + said,
                                                    'call_ids': sorted(known | call_ids | issued)},
@@ -248,7 +264,18 @@ def _call_events(index: int, item: dict) -> list:
     return events
 
 
-_item_events = {'reasoning': _reasoning_events, 'message': _message_events, 'function_call': _call_events}
+def _custom_call_events(index: int, item: dict) -> list:
+    where = {'item_id': item['id'], 'output_index': index}
+    events = [_event('response.output_item.added', output_index=index,
+                     item=dict(item, status='in_progress', input=''))]
+    events += [_event('response.custom_tool_call_input.delta', delta=d, **where) for d in text_chunks(item['input'])]
+    events += [_event('response.custom_tool_call_input.done', input=item['input'], **where),
+               _event('response.output_item.done', output_index=index, item=item)]
+    return events
+
+
+_item_events = {'reasoning': _reasoning_events, 'message': _message_events, 'function_call': _call_events,
+                'custom_tool_call': _custom_call_events}
 
 
 def _stream(response: dict) -> StreamAnswer:
