@@ -143,7 +143,8 @@ def _hints(name: str, claude: Support | None = None) -> dict:
 
 
 _tools = _but(_same(NATIVE, 'function tools as the backend\'s own (the client runs them); hosted tools only where '
-                           'the key allows them and the connection lists them in hosted_tools'),
+                           'the key allows them and the connection lists them in hosted_tools; custom tools '
+                           '(free-form input) on openai-responses only, refused elsewhere'),
               template=Support(UNSUPPORTED, 'a template renders one whole text answer: no tool calls'))
 _NO_TOOL_ITEMS = 'text messages only: function calls and their outputs are refused (no tools)'
 _tool_choice = _same(UNSUPPORTED, 'only "auto" (the backend decides)')
@@ -162,7 +163,9 @@ def _is_text_format(value: Any) -> bool:
 
 _STRUCTURAL_RESPONSES = [
     Field('model', _same(NATIVE, 'names a connection'), structural=True),
-    Field('input', _but(_same(NATIVE, 'text, message, function_call and function_call_output items; images and '
+    Field('input', _but(_same(NATIVE, 'text, message, function_call and function_call_output items, '
+                                      'custom_tool_call and custom_tool_call_output items (openai-responses '
+                                      'only), and reasoning items (kept for their encrypted_content); images and '
                                       'files are refused; a system '
                                       'message after the first turn or two of one role in a row are the losses '
                                       'system_messages_hoisted and messages_merged'),
@@ -214,7 +217,9 @@ RESPONSES_FIELDS: dict[str, Field] = {f.name: f for f in _STRUCTURAL_RESPONSES +
     Field('safety_identifier', _hints('safety_identifier')),
     Field('prompt_cache_key', _hints('prompt_cache_key')),
     Field('service_tier', _hints('service_tier'), trivial=lambda v: v in (None, 'auto')),
-    Field('include', _same(UNSUPPORTED, 'output items beyond messages and reasoning are not returned',
+    Field('include', _same(UNSUPPORTED, 'reasoning.encrypted_content is honoured (the reasoning item carries the '
+                                        'backend\'s items, sealed, for a stateless continuation); other output '
+                                        'items are not returned',
                            'include_ignored'), trivial=lambda v: not v),
     Field('top_logprobs', _same(UNSUPPORTED, loss='no_logprobs'), trivial=lambda v: not v),
     Field('background', _same(UNSUPPORTED, 'background responses are not offered'), trivial=lambda v: not v),
