@@ -13,6 +13,9 @@ How a call is counted, exactly once:
   one script that first sets the batch's marker key ``SET NX``: a batch whose
   reply was lost and is sent again is applied once. A batch that cannot be
   written (Redis down) is kept and sent again later, with the same id.
+* Counters of other hashes (the gateway's, per tenant and day) go the same
+  way through :meth:`UsageLedger.add_to`: tallied in process, written in
+  marked batches, one per hash.
 * ``close()`` (called by ``Registry.close()``) stops the thread and flushes
   what is left. Only counts still unwritable at that moment are lost, and
   they are logged (numbers only).
@@ -82,7 +85,9 @@ class UsageLedger:
         self._fields: dict[str, tuple] = {}
         self._day: tuple = (0.0, 0.0, '', '')            # start, end, 'YYYY-MM-DD', its ledger key
         self._pending: dict[tuple, dict[str, int]] = {}     # (day, prefix) -> counter -> n
-        self._unsent: list[tuple[str, str, dict]] = []      # (batch id, day, field -> n), oldest first
+        self._hashes: dict[tuple, dict[str, int]] = {}      # (hash key, ttl) -> field -> n (add_to)
+        # (batch id, day or None, field -> n, (hash key, ttl) or None), oldest first
+        self._unsent: list[tuple[str, str | None, dict, tuple | None]] = []
         self._lock = threading.Lock()
         self._flushing = threading.Lock()
         self._wakeup = threading.Event()
@@ -142,6 +147,23 @@ class UsageLedger:
                 tally = self._pending[item] = defaultdict(int)
             for name, n in counts.items():
                 tally[name] += n
+        self._wake_flusher()
+
+    def add_to(self, key: str, ttl: int, counts: dict[str, int]) -> None:
+        """Add ``counts`` to the hash ``key`` (expiring ``ttl`` s after each write), off the caller's path.
+
+        The marker of a batch is ``key`` + a suffix, so ``key`` must carry its own
+        hash tag on a cluster (the gateway's keys do).
+        """
+        with self._lock:
+            tally = self._hashes.get((key, ttl))
+            if tally is None:
+                tally = self._hashes[(key, ttl)] = defaultdict(int)
+            for name, n in counts.items():
+                tally[name] += n
+        self._wake_flusher()
+
+    def _wake_flusher(self) -> None:
         if self._thread is None:
             if not self._closed:
                 self._start()
@@ -169,9 +191,9 @@ class UsageLedger:
 
     def _write_unsent(self) -> bool:
         while self._unsent:
-            batch_id, day, fields = self._unsent[0]
+            batch_id, day, fields, target = self._unsent[0]
             try:
-                self._write(batch_id, day, fields)
+                self._write(batch_id, day, fields, target)
             except (RedisError, RedisClusterException) as exc:
                 if not self._failing:
                     logger.warning('Could not write usage counts, keeping them to retry: %s', self.store._error(exc))
@@ -195,25 +217,32 @@ class UsageLedger:
         """Calls counted in this process and not yet written (for tests and the admin page)."""
         with self._lock:
             pending = sum(t.get('calls', 0) for t in self._pending.values())
-        return pending + sum(v for _, _, fields in self._unsent for f, v in fields.items()
+        return pending + sum(v for _, day, fields, _ in self._unsent if day for f, v in fields.items()
                              if f.endswith(':calls'))
 
     def _cut_batches(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, {}
+            hashes, self._hashes = self._hashes, {}
         by_day: dict[str, dict[str, int]] = defaultdict(dict)
         for (day, prefix), tally in pending.items():
             for name, n in tally.items():
                 if n:
                     by_day[day][prefix + name] = n
         for day, fields in sorted(by_day.items()):
-            self._unsent.append((os.urandom(12).hex(), day, fields))
+            self._unsent.append((os.urandom(12).hex(), day, fields, None))
+        for target, tally in hashes.items():
+            fields = {name: n for name, n in tally.items() if n}
+            if fields:
+                self._unsent.append((os.urandom(12).hex(), None, fields, target))
 
-    def _write(self, batch_id: str, day: str, fields: dict[str, int]) -> None:
-        slot = key_slot(batch_id.encode()) if self._cluster else None
-        key = ledger_key(day, slot)
+    def _write(self, batch_id: str, day: str | None, fields: dict[str, int], target: tuple | None = None) -> None:
+        if target is None:
+            key, ttl = ledger_key(day, key_slot(batch_id.encode()) if self._cluster else None), RETENTION_TTL
+        else:
+            key, ttl = target
         marker = f'{key}:batch:{batch_id}'
-        args: list = [RETENTION_TTL, BATCH_MARKER_TTL]
+        args: list = [ttl, BATCH_MARKER_TTL]
         for field, n in fields.items():
             args += (field, n)
         if self._flush is None:
@@ -238,7 +267,7 @@ class UsageLedger:
 
     def _after_fork(self) -> None:
         # The parent's counts are the parent's to write; this child starts empty.
-        self._pending, self._unsent = {}, []
+        self._pending, self._hashes, self._unsent = {}, {}, []
         self._lock, self._flushing = threading.Lock(), threading.Lock()
         self._wakeup = threading.Event()
         self._thread = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import redis
@@ -17,7 +18,7 @@ from openai import OpenAI
 
 from conftest import RedisServer, free_port
 from llmconn.demo import start_server, stop
-from llmconn.gateway.ledger import response_key
+from llmconn.gateway.ledger import Ledger, response_key
 from llmconn.testing.fake_server import FakeProviderServer
 
 KEYS = {
@@ -53,6 +54,30 @@ llm:
   - {{name: ResponsesLocal, provider: openai-responses, model: gpt-5, address: "{fake_url}/v1", max_retries: 0}}
   - {{name: Gemini, provider: gemini, model: gemini-2.5-flash, address: "{fake_url}/v1beta", max_retries: 0}}
 {extra_llm.replace('FAKE_URL', fake_url)}'''
+
+
+USAGE_WAIT = 10.0       # the servers write their usage counts in batches, about once a second
+
+
+def quiet_usage(client, tenant: str, pair: tuple) -> dict:
+    """The usage of (key id, model) once no batch of an earlier request is still on its way."""
+    counts = Ledger(client).usage(tenant).get(pair, {})
+    while True:
+        time.sleep(1.5)         # longer than a server's flush interval
+        again = Ledger(client).usage(tenant).get(pair, {})
+        if again == counts:
+            return counts
+        counts = again
+
+
+def settled_usage(client, tenant: str, pair: tuple, ready) -> dict:
+    """The gateway's usage of (key id, model) today, once ``ready(counts)`` holds (or what it is at the wait's end)."""
+    deadline = time.monotonic() + USAGE_WAIT
+    while True:
+        counts = Ledger(client).usage(tenant).get(pair, {})
+        if ready(counts) or time.monotonic() > deadline:
+            return counts
+        time.sleep(0.05)
 
 
 class GatewayStack:

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gateway_stack import GatewayStack
+from gateway_stack import GatewayStack, quiet_usage, settled_usage
 
 WORDS = 5000                 # about 25 s of stream: the test never sees its end
 WORD_PAUSE = 0.005
@@ -125,6 +125,7 @@ def test_a_redis_outage_is_a_503_in_openai_shape_without_a_traceback():
     stack = GatewayStack(processes=1)
     try:
         first = stack.client().responses.create(model='Chat', input='before the outage')
+        settled_usage(stack.redis, 'tenant-a', ('key-a', 'Chat'), lambda u: u.get('requests', 0) >= 1)
         stack.redis_server.stop()
         import openai
         with pytest.raises(openai.InternalServerError) as failed:
@@ -137,8 +138,12 @@ def test_a_redis_outage_is_a_503_in_openai_shape_without_a_traceback():
         with pytest.raises(openai.InternalServerError):
             stack.client().responses.create(model='Chat', input='nor streamed', stream=True)
         assert stack.fake.requests == []     # found before any token was spent
-        # Chat Completions keep no state: they still answer, and only the usage count is lost.
+        # Chat Completions keep no state: they still answer, and their usage is counted once Redis is back.
         stack.client().chat.completions.create(model='Chat', messages=[{'role': 'user', 'content': 'still here'}])
+        stack.redis_server.start()          # same port, empty: only what was kept in process can show up
+        counts = settled_usage(stack.redis, 'tenant-a', ('key-a', 'Chat'), lambda u: u.get('requests', 0) >= 1)
+        assert counts.get('requests') == 1
+        assert quiet_usage(stack.redis, 'tenant-a', ('key-a', 'Chat')).get('requests') == 1      # once
     finally:
         stack.close()
 

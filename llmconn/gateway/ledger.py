@@ -94,23 +94,40 @@ def usage_key(tenant: str, day: str) -> str:
 
 
 class Ledger:
-    """Response records and usage counters of every tenant."""
+    """Response records and usage counters of every tenant.
 
-    def __init__(self, client: Any, clock: Callable[[], float] = mod_time.time) -> None:
+    With ``usage`` (the registry's :class:`~llmconn.usage.UsageLedger`) the
+    counters are tallied in process and written in batches, exactly once,
+    off the request's path: a request costs no Redis round trip for them,
+    and a Redis outage after the backend answered loses no count and fails
+    no request. Without it they are written at once, in the request.
+    """
+
+    def __init__(self, client: Any, clock: Callable[[], float] = mod_time.time, usage: Any = None) -> None:
         self.client = client
         self.clock = clock
+        self.tally = usage
 
     def save(self, record: dict, ttl: float, count_usage: bool = False) -> None:
         """Write ``record`` whole (expiring in ``ttl`` s); with ``count_usage`` add it to the day's usage."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.set(response_key(record['tenant'], record['id']), json.dumps(record, ensure_ascii=False),
-                 px=max(1, int(ttl * 1000)))
-        if count_usage:
+        value = json.dumps(record, ensure_ascii=False)
+        if count_usage and self.tally is None:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.set(response_key(record['tenant'], record['id']), value, px=max(1, int(ttl * 1000)))
             self._add_usage(pipe, record)
-        self._run(pipe.execute)
+            self._run(pipe.execute)
+            return
+        key = response_key(record['tenant'], record['id'])
+        self._run(lambda: self.client.set(key, value, px=max(1, int(ttl * 1000))))
+        if count_usage:
+            self.count(record)
 
     def count(self, record: dict) -> None:
-        """Add a record that is not stored (Chat Completions) to the day's usage."""
+        """Add a record to the day's usage (a stored one through :meth:`save`)."""
+        if self.tally is not None:
+            key, counts = self._usage_fields(record)
+            self.tally.add_to(key, USAGE_EXPIRY, counts)
+            return
         pipe = self.client.pipeline(transaction=False)
         self._add_usage(pipe, record)
         self._run(pipe.execute)
@@ -135,7 +152,8 @@ class Ledger:
             usage.setdefault((key_id, model), {})[metric] = int(value)
         return usage
 
-    def _add_usage(self, pipe: Any, record: dict) -> None:
+    def _usage_fields(self, record: dict) -> tuple[str, dict[str, int]]:
+        """The day's usage hash of the record's tenant, and the increments of its fields."""
         key = usage_key(record['tenant'], self._day(record.get('created_at')))
         usage = record.get('usage') or {}
         counts = {'requests': 1, 'input_tokens': usage.get('input_tokens') or 0,
@@ -143,9 +161,13 @@ class Ledger:
                   'errors': int(record.get('status') == 'failed'),
                   'cancelled': int(record.get('status') == 'cancelled'),
                   'tool_calls': len(record.get('tool_calls') or ())}      # the function calls it made
-        for metric, value in counts.items():
-            if value:
-                pipe.hincrby(key, json.dumps([record['key_id'], record['model'], metric]), int(value))
+        return key, {json.dumps([record['key_id'], record['model'], metric]): int(value)
+                     for metric, value in counts.items() if value}
+
+    def _add_usage(self, pipe: Any, record: dict) -> None:
+        key, counts = self._usage_fields(record)
+        for field, value in counts.items():
+            pipe.hincrby(key, field, value)
         pipe.expire(key, USAGE_EXPIRY)
 
     def _day(self, ts: float | None = None) -> str:

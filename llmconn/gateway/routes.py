@@ -43,7 +43,7 @@ class Gateway:
 
     def __init__(self, registry: Any) -> None:
         self.registry = registry
-        self.ledger = Ledger(ledger_client(registry.store))
+        self.ledger = Ledger(ledger_client(registry.store), usage=registry.usage)
 
     @property
     def config(self) -> GatewayConfig:
