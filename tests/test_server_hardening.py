@@ -494,3 +494,22 @@ def test_a_request_with_too_many_headers_is_a_400_without_a_traceback(server):
     assert answer.startswith(b'HTTP/1.1 400'), answer[:200]
     assert server.post('test.echo', {'a': 1}).status_code == 200     # logged after the 400's lines
     assert 'Traceback' not in server.log_text()[before:]
+
+
+
+@pytest.mark.parametrize('line', [b'X-Folded: a\r\n  continued\r\n', b'No colon here\r\n', b'Bad Name: x\r\n',
+                                  b'X-Long: ' + b'a' * 70000 + b'\r\n'])
+def test_a_malformed_header_line_is_a_400_without_a_traceback(server, line):
+    before = len(server.log_text())
+    answer = raw_request(server.port, b'GET /health HTTP/1.1\r\nHost: x\r\n' + line + b'\r\n')
+    assert answer.startswith(b'HTTP/1.1 400'), answer[:200]
+    assert server.post('test.echo', {'a': 1}).status_code == 200
+    assert 'Traceback' not in server.log_text()[before:]
+
+
+def test_header_values_are_read_without_their_surrounding_whitespace(server):
+    body = b'{"a": 1}'
+    answer = raw_request(server.port, b'POST /test.echo HTTP/1.1\r\nHost: x\r\ncontent-length: \t%d  \r\n'
+                         b'Content-Type:application/json\r\nConnection: close\r\n\r\n' % len(body) + body)
+    assert answer.startswith(b'HTTP/1.1 200'), answer[:200]
+    assert b'"a": 1' in answer or b'"a":1' in answer
