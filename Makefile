@@ -9,13 +9,23 @@ PROVIDER_PORT ?= 17011
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# LiteLLM's proxy, the baseline of bench/bench_litellm.py, lives in a virtualenv of its own, so the
+# project's venv (what `make test` and CI run in) never holds its large dependency tree.
+BENCH_VENV ?= .venv-bench-litellm
+BENCH_STAMP := $(BENCH_VENV)/.bench-stamp
 
-.PHONY: run test bench bench-gateway check clean
+.PHONY: run test bench bench-gateway bench-litellm check clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
+
+$(BENCH_STAMP): setup.cfg pyproject.toml
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --disable-pip-version-check -e '.[bench]'
+	$(BENCH_VENV)/bin/python -m pip check
+	touch $(BENCH_STAMP)
 
 run: $(STAMP)
 	$(PY) -m llmconn.demo --host $(HOST) --port $(PORT) --provider-port $(PROVIDER_PORT)
@@ -23,11 +33,15 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) bench/bench.py $(BENCH_ARGS)
 	$(PY) bench/usage_bench.py $(BENCH_ARGS)
 	$(PY) bench/bench_metrics.py $(BENCH_ARGS)
 	$(PY) bench/bench_gateway.py $(BENCH_ARGS)
+	$(PY) bench/bench_litellm.py --litellm $(BENCH_VENV)/bin/litellm $(BENCH_ARGS)
+
+bench-litellm: $(STAMP) $(BENCH_STAMP)
+	$(PY) bench/bench_litellm.py --litellm $(BENCH_VENV)/bin/litellm $(BENCH_ARGS)
 
 bench-gateway: $(STAMP)
 	$(PY) bench/bench_gateway.py $(BENCH_ARGS)
@@ -36,4 +50,4 @@ check: $(STAMP)
 	$(PY) -m llmconn check etc/llm.yaml
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) *.egg-info .pytest_cache
