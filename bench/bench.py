@@ -96,18 +96,21 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix='llmconn-bench-') as tmp:
         single = Servers(Path(tmp))
         cluster = Cluster(Path(tmp) / 'cluster')
+        bare = Cluster(Path(tmp) / 'bare', replicas=0)      # what the replicas' own work costs, side by side
         group = SentinelGroup(Path(tmp) / 'sentinel')
-        (Path(tmp) / 'cluster').mkdir()
-        (Path(tmp) / 'sentinel').mkdir()
+        for sub in ('cluster', 'bare', 'sentinel'):
+            (Path(tmp) / sub).mkdir()
         try:
             port, = free_ports(1)
             single.start(port)
             cluster.start()
+            bare.start()
             group.start()
-            urls = {'one node': f'redis://127.0.0.1:{port}/0', 'cluster': cluster.url, 'sentinel': group.url}
+            urls = {'one node': f'redis://127.0.0.1:{port}/0', 'cluster': cluster.url, 'sentinel': group.url,
+                    'cluster without replicas': bare.url}
             rows = run(urls, scale)
         finally:
-            for deployment in (group, cluster, single):
+            for deployment in (group, bare, cluster, single):
                 deployment.stop()
     print_table(rows, ', '.join(f'{k} {v}' for k, v in urls.items()))
     return 0
@@ -133,7 +136,7 @@ def run(urls: dict, scale: float) -> list:
         try:
             rows += bench_overhead(conns, zato, client.ping, scale)
             rows += bench_runner(conns[20], scale)
-            for kind in ('cluster', 'sentinel'):
+            for kind in ('cluster', 'sentinel', 'cluster without replicas'):
                 rows += bench_deployment(kind, registries[kind][names[1]], conns[1], scale)
             rows += bench_replicas(registries['sentinel'][names[1]], durable[names[1]], scale)
             rows += bench_round_trips(conns[20], zato)

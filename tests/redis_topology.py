@@ -100,11 +100,12 @@ class Servers:
 
 
 class Cluster:
-    """A Redis Cluster of 3 masters, each with one replica, cluster-node-timeout 1 s."""
+    """A Redis Cluster of 3 masters, each with ``replicas`` replicas (one), cluster-node-timeout 1 s."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, replicas: int = 1) -> None:
         self.servers = Servers(directory)
-        self.ports = free_ports(6)
+        self.replicas = replicas
+        self.ports = free_ports(3 * (1 + replicas))
 
     @property
     def url(self) -> str:
@@ -115,7 +116,7 @@ class Cluster:
             self.servers.start(port, '--cluster-enabled', 'yes', '--cluster-config-file', f'nodes-{port}.conf',
                                '--cluster-node-timeout', '1000')
         subprocess.run(['redis-cli', '--cluster', 'create', *(f'127.0.0.1:{p}' for p in self.ports),
-                        '--cluster-replicas', '1', '--cluster-yes'], check=True, timeout=START_TIMEOUT,
+                        '--cluster-replicas', str(self.replicas), '--cluster-yes'], check=True, timeout=START_TIMEOUT,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(self._ready, 'the cluster becoming ready')
         return self
@@ -127,7 +128,7 @@ class Cluster:
                 return False
         # Every replica has synced, so WAIT 1 can succeed.
         masters = self.masters()
-        return len(masters) == 3 and all(replica_online(p) for p in masters)
+        return len(masters) == 3 and (not self.replicas or all(replica_online(p) for p in masters))
 
     def masters(self) -> list[int]:
         return [p for p in self.ports if self.servers.processes[p].poll() is None
