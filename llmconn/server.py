@@ -199,21 +199,31 @@ def _serve(args: argparse.Namespace) -> int:
     limits = Limits(args.idle_timeout, args.max_connections or default_max_connections())
     server = WSGIServer(listener, app, spawn=Pool(), log=None, error_log=logger, handler_class=handler_class(limits))
     stopped = gevent.event.Event()
+    listening = gevent.event.Event()
 
     def stop(signum: int) -> None:
         if app.draining:
             return
         logger.info('Got signal %d: no new connections; in-flight requests get %gs to finish', signum, args.grace)
         app.draining = True
+        if listening.is_set():
+            close_and_drain()
+
+    def close_and_drain() -> None:
         server.close()
         gevent.spawn(_drain, app, server.pool, args.grace).link(lambda _: stopped.set())
 
     gevent.signal_handler(signal.SIGTERM, stop, signal.SIGTERM)
     gevent.signal_handler(signal.SIGINT, stop, signal.SIGINT)
+    # start() can yield to the hub (pywsgi looks the server's name up), so a signal may be handled
+    # inside it: closing a server half started would break it, so that signal closes it right after.
     server.start()
+    listening.set()
     logger.info('Serving %d service(s) from %s on http://%s:%d (config %s, at most %d connections)',
                 len(host.deployer.services), host.deployer.dir, args.host, listener.getsockname()[1], args.config,
                 limits.max_connections)
+    if app.draining:
+        close_and_drain()
     try:
         stopped.wait()
     finally:

@@ -10,6 +10,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -19,7 +21,7 @@ import requests
 
 from llmconn.demo import start_server, stop
 from llmconn.testing.fake_server import FakeProviderServer
-from test_server import free_port, make_services, write_config
+from test_server import ROOT, free_port, make_services, write_config
 
 HOSTILE = '''
 import gevent.monkey
@@ -513,3 +515,42 @@ def test_header_values_are_read_without_their_surrounding_whitespace(server):
                          b'Content-Type:application/json\r\nConnection: close\r\n\r\n' % len(body) + body)
     assert answer.startswith(b'HTTP/1.1 200'), answer[:200]
     assert b'"a": 1' in answer or b'"a":1' in answer
+
+SLOW_NAME_LOOKUP = '''
+import sys
+from gevent import monkey
+monkey.patch_all()
+import socket
+import time
+from pathlib import Path
+
+def slow_getfqdn(name=''):
+    Path(sys.argv[1]).touch()       # the server is inside its start(), looking its name up
+    time.sleep(3)                   # gevent's sleep: the hub runs, and with it a signal handler
+    return 'localhost'
+
+import gevent.socket
+socket.getfqdn = gevent.socket.getfqdn = slow_getfqdn      # pywsgi calls gevent.socket's
+from llmconn.server import main
+sys.exit(main(sys.argv[2:]))
+'''
+
+
+def test_sigterm_while_the_server_starts_listening_stops_it_cleanly(tmp_path, fake):
+    """pywsgi looks its name up inside start(); a signal handled then must not break the half-started server."""
+    services = make_services(tmp_path / 'services')
+    config = tmp_path / 'llm.yaml'
+    write_config(config, fake.url)
+    script, marker = tmp_path / 'slow_start.py', tmp_path / 'in-start'
+    script.write_text(SLOW_NAME_LOOKUP)
+    proc = subprocess.Popen([sys.executable, str(script), str(marker), '--config', str(config), '--services',
+                             str(services), '--port', str(free_port())], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        assert wait_for(marker.exists), 'the server never reached its start()'
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        stop(proc)
+    assert b'Traceback' not in err, err.decode()[-3000:]
+    assert proc.returncode == 0 and b'Stopped' in err, err.decode()[-3000:]
