@@ -217,8 +217,14 @@ class Transport:
                 self.sleep(self._unsent_wait(e, attempt, last, deadline))
                 continue
             observe.provider_call(self.name, response.status_code, started, attempt)
-            if response.status_code < 400:
+            if response.status_code < 300:
                 return response
+            if response.status_code < 400:
+                response.close()        # redirects are not followed: a POST must not turn into a GET
+                where = response.headers.get('location', '')
+                raise self._error(f'the provider answered HTTP {response.status_code} (a redirect'
+                                  f'{" to " + where[:200] if where else ""}); set "address" to the URL it '
+                                  f'points at', status=response.status_code)
             wait = self._retry_wait(response, attempt)
             if wait is None or last or wait >= deadline.remaining():
                 if answer_errors:

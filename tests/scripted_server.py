@@ -6,6 +6,7 @@ between them (a stream arriving in parts). ``received`` records
 ``(path, headers, raw body)`` of every request, so every attempt is visible.
 A callable ``delay`` is called instead of slept (e.g. a barrier's ``wait``:
 requests that must be in the server at once).
+A :class:`Cut` body stops halfway and the connection closes.
 A :class:`Trickle` body is sent one byte at a time, ``pause`` seconds apart
 (a provider that keeps a connection alive without ever finishing).
 """
@@ -28,6 +29,13 @@ class Trickle:
         self.pause = pause
 
 
+class Cut:
+    """A body announced whole (Content-Length) but cut off after its first half: the connection closes."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
 class ScriptedServer(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -35,6 +43,7 @@ class ScriptedServer(ThreadingHTTPServer):
         super().__init__(('127.0.0.1', 0), _Handler)
         self.script: list = []
         self.received: list = []
+        self.peers: set = set()         # the client addresses requests came from (one per connection)
         self.url = f'http://127.0.0.1:{self.server_address[1]}'
 
     def server_bind(self) -> None:
@@ -62,6 +71,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get('content-length', 0))
         self.server.received.append((self.path, dict(self.headers), self.rfile.read(length)))
+        self.server.peers.add(self.client_address)
         status, headers, body, *delay = self.server.script.pop(0) if self.server.script else (200, {}, b'{}')
         wait = delay[0] if delay else 0
         try:
@@ -82,6 +92,14 @@ class _Handler(BaseHTTPRequestHandler):
                     return          # the client gave up on us: what a trickle test wants
                 time.sleep(body.pause)
             self.wfile.write(b'0\r\n\r\n')
+            return
+        if isinstance(body, Cut):
+            self.send_header('content-length', str(len(body.data)))
+            self.end_headers()
+            self.wfile.write(body.data[:len(body.data) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
             return
         if isinstance(body, bytes):
             self.send_header('content-length', str(len(body)))

@@ -155,3 +155,44 @@ def test_secret_is_masked_inside_a_json_error_body(server):
         transport.post(server.url, {'authorization': f'Bearer {SECRET}'}, {})
     assert e.value.provider_body == {'error': {'message': 'Incorrect API key provided: ***', 'details': ['***']}}
     assert SECRET not in str(e.value)
+
+
+def test_a_gzip_answer_is_decoded(server):
+    import gzip
+    server.script = [(200, {'content-encoding': 'gzip', 'content-type': 'application/json'},
+                      gzip.compress(b'{"ok": "compressed"}'), 0)]
+    transport, _ = make()
+    assert transport.post(server.url, {}, {}) == {'ok': 'compressed'}
+    assert 'gzip' in {k.lower(): v for k, v in server.received[0][1].items()}['accept-encoding']
+
+
+def test_a_redirect_is_an_error_that_says_where_it_points_not_a_silent_get(server):
+    server.script = [(307, {'location': 'https://api.example.com/v2/x'}, b'', 0)]
+    transport, sleeps = make()
+    with pytest.raises(LLMError, match='HTTP 307.*api.example.com/v2/x.*"address"') as e:
+        transport.post(server.url, {}, {})
+    assert e.value.status == 307 and len(server.received) == 1 and sleeps == []
+
+
+def test_an_answer_cut_off_midway_is_an_error_and_the_next_call_gets_a_fresh_connection(server):
+    from scripted_server import Cut
+    server.script = [(200, {'content-type': 'application/json'}, Cut(b'{"ok": "' + b'x' * 5000 + b'"}'), 0),
+                     (200, {}, b'{"ok": true}', 0)]
+    transport, _ = make(max_retries=0)
+    with pytest.raises(LLMError, match='broke before it was complete'):
+        transport.post(server.url, {}, {})
+    assert transport.post(server.url, {}, {}) == {'ok': True}
+
+
+def test_connections_are_kept_alive_between_calls_and_carry_the_product_agent(server):
+    server.script = [(200, {}, b'{"n": 1}', 0), (404, {}, b'{"error": {"message": "x"}}', 0), (200, {}, b'{"n": 2}', 0)]
+    transport, _ = make(max_retries=1)
+    assert transport.post(server.url, {'X-Mine': 'yes'}, {}) == {'n': 1}
+    with pytest.raises(LLMError, match='HTTP 404'):
+        transport.post(server.url, {'X-Mine': 'yes'}, {})                   # its body read: the connection stays
+    assert transport.post(server.url, {'X-Mine': 'yes'}, {}) == {'n': 2}
+    headers = [{k.lower(): v for k, v in h.items()} for _, h, _ in server.received]
+    agents = {h.get('user-agent') for h in headers}
+    assert len(agents) == 1 and agents.pop().startswith('llmconn/')
+    assert all(h.get('x-mine') == 'yes' for h in headers)
+    assert len(server.peers) == 1           # one kept-alive connection served all three
