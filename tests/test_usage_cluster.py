@@ -86,3 +86,25 @@ def test_the_usage_and_chats_commands_on_a_cluster(cluster, provider, unique, tm
     assert sum(r['calls'] for r in json.loads(usage.stdout)) == 6
     chats = run('chats', unique)
     assert chats.stdout.split() == sorted(CHATS[:6])
+
+
+def test_the_gateways_tenant_counters_are_written_once_to_their_own_slots(cluster, provider, unique):
+    from llmconn.gateway.ledger import USAGE_EXPIRY, Ledger, usage_key
+    registry = Registry.from_dict(_config(cluster, provider, unique))
+    tenants = [f'{unique}-tenant-{i}' for i in range(6)]
+    try:
+        book = Ledger(registry.store.client, usage=registry.usage)
+        for n, tenant in enumerate(tenants):
+            for _ in range(n + 1):
+                book.count({'tenant': tenant, 'key_id': 'k', 'model': 'm', 'status': 'completed',
+                            'usage': {'input_tokens': 2, 'output_tokens': 3}, 'created_at': 0})
+        assert registry.usage.flush()
+        assert registry.usage.flush()       # nothing left: nothing written twice
+        slots = {key_slot(usage_key(t, '1970-01-01').encode()) for t in tenants}
+        counts = [book.usage(t, '1970-01-01')[('k', 'm')] for t in tenants]
+        ttl = registry.store.client.ttl(usage_key(tenants[0], '1970-01-01'))
+    finally:
+        registry.close()
+    assert counts == [{'requests': n + 1, 'input_tokens': 2 * (n + 1), 'output_tokens': 3 * (n + 1)}
+                      for n in range(len(tenants))]
+    assert len(slots) > 1 and 0 < ttl <= USAGE_EXPIRY
