@@ -15,6 +15,8 @@ from pathlib import Path
 
 import redis
 from openai import OpenAI
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from conftest import RedisServer, free_port
 from llmconn.demo import start_server, stop
@@ -54,6 +56,31 @@ llm:
   - {{name: ResponsesLocal, provider: openai-responses, model: gpt-5, address: "{fake_url}/v1", max_retries: 0}}
   - {{name: Gemini, provider: gemini, model: gemini-2.5-flash, address: "{fake_url}/v1beta", max_retries: 0}}
 {extra_llm.replace('FAKE_URL', fake_url)}'''
+
+
+STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
+
+
+def create(client, **kw) -> Response:
+    """A Response, validated by the SDK's own type from the raw body (not the SDK's lenient parse)."""
+    raw = client.responses.with_raw_response.create(**kw)
+    return Response.model_validate(raw.http_response.json())
+
+
+def streamed(client, **kw) -> tuple[list[dict], Response]:
+    """A streamed response's events, each validated as an SDK stream event, and its final Response.
+
+    The SDK's own accumulation of the events must give the same output as the completed event.
+    """
+    events = []
+    with client.responses.stream(**kw) as stream:
+        for event in stream:
+            data = event.model_dump(mode='json', warnings=False)
+            STREAM_EVENT.validate_python(data)
+            events.append(data)
+        accumulated = stream.get_final_response()
+    assert accumulated.model_dump(mode='json', warnings=False)['output'] == events[-1]['response']['output']
+    return events, Response.model_validate(events[-1]['response'])
 
 
 USAGE_WAIT = 10.0       # the servers write their usage counts in batches, about once a second

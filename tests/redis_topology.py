@@ -157,7 +157,7 @@ class SentinelGroup:
 
     @property
     def url(self) -> str:
-        return f'redis+sentinel://' + ','.join(f'127.0.0.1:{p}' for p in self.sentinel_ports) + f'/{self.MASTER}/0'
+        return 'redis+sentinel://' + ','.join(f'127.0.0.1:{p}' for p in self.sentinel_ports) + f'/{self.MASTER}/0'
 
     def start(self) -> 'SentinelGroup':
         self.servers.start(self.master_port)

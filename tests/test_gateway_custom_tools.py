@@ -9,12 +9,9 @@ with the ``openai`` SDK's own types.
 
 import openai
 import pytest
-from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter
 
-from gateway_stack import GatewayStack
+from gateway_stack import GatewayStack, create, streamed
 
-STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 SQL_TOOL = {'type': 'custom', 'name': 'run_sql', 'description': 'Run one SQL query',
             'format': {'type': 'grammar', 'syntax': 'regex', 'definition': '^SELECT .*$'}}
 ORDER_TOOL = {'type': 'function', 'name': 'get_order', 'parameters': {'type': 'object', 'properties': {}}}
@@ -27,23 +24,6 @@ def gw():
     stack = GatewayStack(processes=1)
     yield stack
     stack.close()
-
-
-def create(client, **kw) -> Response:
-    raw = client.responses.with_raw_response.create(**kw)
-    return Response.model_validate(raw.http_response.json())
-
-
-def streamed(client, **kw) -> tuple[list[dict], Response]:
-    events = []
-    with client.responses.stream(**kw) as stream:
-        for event in stream:
-            data = event.model_dump(mode='json', warnings=False)
-            STREAM_EVENT.validate_python(data)
-            events.append(data)
-        accumulated = stream.get_final_response()      # the SDK's own reading of the events
-    assert accumulated.model_dump(mode='json', warnings=False)['output'] == events[-1]['response']['output']
-    return events, Response.model_validate(events[-1]['response'])
 
 
 def answer(call_id: str, output: str = '3 rows') -> dict:

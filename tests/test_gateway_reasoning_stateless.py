@@ -14,14 +14,12 @@ import uuid
 
 import openai
 import pytest
-from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter
+from openai.types.responses import Response
 
-from gateway_stack import GatewayStack
+from gateway_stack import GatewayStack, create, streamed
 from llmconn.errors import GatewayError
 from llmconn.gateway import reasoning as sealing
 
-STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 ORDER_TOOL = {'type': 'function', 'name': 'get_order', 'description': 'Look an order up',
               'parameters': {'type': 'object', 'properties': {'order_id': {'type': 'string'}},
                              'required': ['order_id']}}
@@ -38,24 +36,6 @@ def gw():
     stack = GatewayStack(processes=1, extra_llm=CLAUDE_PLAIN)
     yield stack
     stack.close()
-
-
-def create(client, **kw) -> Response:
-    raw = client.responses.with_raw_response.create(**kw)
-    return Response.model_validate(raw.http_response.json())
-
-
-def streamed(client, **kw) -> tuple[list[dict], Response]:
-    events = []
-    with client.responses.stream(**kw) as stream:
-        for event in stream:
-            data = event.model_dump(mode='json', warnings=False)
-            STREAM_EVENT.validate_python(data)
-            events.append(data)
-        accumulated = stream.get_final_response()
-    final = Response.model_validate(events[-1]['response'])
-    assert accumulated.model_dump(mode='json', warnings=False)['output'] == events[-1]['response']['output']
-    return events, final
 
 
 def options(model: str) -> dict:

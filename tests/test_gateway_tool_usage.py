@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from gateway_stack import GatewayStack, settled_usage
-from llmconn.gateway.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = {'type': 'function', 'name': 'get_order', 'parameters': {'type': 'object', 'properties': {}}}

@@ -14,12 +14,9 @@ import uuid
 import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter
 
-from gateway_stack import GatewayStack
+from gateway_stack import GatewayStack, create, streamed
 
-STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 ORDER_TOOL = {'type': 'function', 'name': 'get_order', 'description': 'Look an order up',
               'parameters': {'type': 'object', 'properties': {'order_id': {'type': 'string'}},
                              'required': ['order_id']}}
@@ -42,26 +39,8 @@ def gw():
     stack.close()
 
 
-def create(client, **kw) -> Response:
-    raw = client.responses.with_raw_response.create(**kw)
-    return Response.model_validate(raw.http_response.json())
-
-
 def reasoning(model: str) -> dict:
     return {'reasoning': {'effort': 'low', 'summary': 'auto'}} if model.startswith('Responses') else {}
-
-
-def streamed(client, **kw) -> tuple[list[dict], Response]:
-    events = []
-    with client.responses.stream(**kw) as stream:
-        for event in stream:
-            data = event.model_dump(mode='json', warnings=False)
-            STREAM_EVENT.validate_python(data)
-            events.append(data)
-        accumulated = stream.get_final_response()      # the SDK's own reading of the deltas
-    final = Response.model_validate(events[-1]['response'])
-    assert accumulated.model_dump(mode='json', warnings=False)['output'] == events[-1]['response']['output']
-    return events, final
 
 
 def check_call_events(events: list[dict]) -> None:

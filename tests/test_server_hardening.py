@@ -6,14 +6,12 @@ nested JSON; the store's Redis stopped and started under /ready; the
 process serving without having re-executed itself.
 """
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest

@@ -26,7 +26,6 @@ naming it.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 from urllib.parse import parse_qsl
 
 from llmconn.errors import GatewayError

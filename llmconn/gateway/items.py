@@ -45,8 +45,7 @@ from typing import Any
 
 from llmconn.errors import GatewayError
 from llmconn.gateway.echo import shown
-from llmconn.gateway.policy import Policy, Resolution, check_loss
-from llmconn.types import Turn
+from llmconn.gateway.policy import Policy, Resolution
 
 MAX_TEXT_CHARS = 1_000_000          # as a connection's own limit on one message
 SYSTEM_ROLES = ('system', 'developer')
