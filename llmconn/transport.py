@@ -69,6 +69,7 @@ RETRY_AFTER_CAP = 60.0      # a provider asking for more than this is treated as
 CONNECT_TIMEOUT_CAP = 10.0  # opening a TCP connection never needs the whole read timeout
 ERROR_BODY_CHARS = 10000    # how much of a non-JSON error body is kept for the caller
 DEFAULT_STREAM_TIMEOUT = 600.0  # the longest a whole stream may take, unless configured
+MAX_CACHED_URLS = 32        # a connection calls a handful of URLs; more means they are built per call
 DEFAULT_HEADERS = {'user-agent': f'llmconn/{__version__}', 'accept': '*/*', 'accept-encoding': 'gzip, deflate'}
 # What a failed send or read raises: urllib3's own errors, the socket's, and http.client's.
 HTTP_ERRORS = (http_errors.HTTPError, http.client.HTTPException, OSError)
@@ -92,7 +93,7 @@ class Transport:
         self._manager = urllib3.ProxyManager(self.proxy, **options) if self.proxy else urllib3.PoolManager(**options)
         self._manager.pool_classes_by_scheme = WATCHED_POOLS
         self._targets: dict[str, tuple] = {}
-        self._headers: dict[int, tuple] = {}
+        self._headers: tuple = (None, {})        # the caller's headers dict, and it over the defaults
 
     def __repr__(self) -> str:
         return f'<Transport {self.name!r}>'
@@ -281,10 +282,13 @@ class Transport:
         """The pool for ``url``'s origin and what goes on the request line, found once per URL.
 
         ``PoolManager.urlopen`` would parse the URL and look its pool up on
-        every call; a connection always calls the same few URLs.
+        every call; a connection calls the same few URLs (the cache is
+        emptied should it ever hold more than ``MAX_CACHED_URLS``).
         """
         found = self._targets.get(url)
         if found is None:
+            if len(self._targets) >= MAX_CACHED_URLS:
+                self._targets.clear()
             parts = urlsplit(url)
             through_proxy = self.proxy is not None and parts.scheme == 'http'
             path = url if through_proxy else (parts.path or '/') + (f'?{parts.query}' if parts.query else '')
@@ -292,10 +296,11 @@ class Transport:
         return found
 
     def _with_defaults(self, headers: dict) -> dict:
-        """``headers`` over the transport's defaults, merged once per headers dict a connection keeps."""
-        cached = self._headers.get(id(headers))
-        if cached is None or cached[0] is not headers:
-            cached = self._headers[id(headers)] = (headers, {**DEFAULT_HEADERS, **{k.lower(): v for k, v in headers.items()}})
+        """``headers`` over the transport's defaults; merged again only when the caller's dict changes
+        (a connection passes the same dict on every call)."""
+        cached = self._headers
+        if cached[0] is not headers:
+            cached = self._headers = (headers, {**DEFAULT_HEADERS, **{k.lower(): v for k, v in headers.items()}})
         return cached[1]
 
     def _retry_wait(self, response, attempt: int) -> float | None:

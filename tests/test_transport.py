@@ -196,3 +196,26 @@ def test_connections_are_kept_alive_between_calls_and_carry_the_product_agent(se
     assert len(agents) == 1 and agents.pop().startswith('llmconn/')
     assert all(h.get('x-mine') == 'yes' for h in headers)
     assert len(server.peers) == 1           # one kept-alive connection served all three
+
+
+def test_fresh_headers_each_call_are_sent_as_given_and_nothing_piles_up(server):
+    """The gateway builds a provider's headers per request: each call's own go out, and no cache grows."""
+    import gc
+    import weakref
+    transport, _ = make()
+    server.script = [(200, {}, b'{}', 0)] * 40
+
+    class Headers(dict):        # a dict that can be watched for being freed
+        pass
+
+    first = Headers({'x-call': '0'})
+    gone = weakref.ref(first)
+    transport.post(server.url, first, {})
+    del first
+    for n in range(1, 40):
+        transport.post(server.url + f'/p{n}', {'x-call': str(n)}, {})
+    gc.collect()
+    sent = [{k.lower(): v for k, v in h.items()}['x-call'] for _, h, _ in server.received]
+    assert sent == [str(n) for n in range(40)]
+    assert gone() is None                       # an old headers dict is not kept alive
+    assert len(transport._targets) <= 32
