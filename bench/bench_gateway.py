@@ -23,17 +23,15 @@ monkey.patch_all()
 
 import argparse  # noqa: E402
 import os  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import gevent  # noqa: E402
 import requests  # noqa: E402
 from gevent.pool import Pool  # noqa: E402
 
-from common import free_port, start_redis  # noqa: E402
+from common import free_port, start_redis, write_gateway_config  # noqa: E402
 from llmconn.demo import start_server, stop  # noqa: E402
 from llmconn.testing.fake_server import FakeProviderServer  # noqa: E402
 
@@ -45,15 +43,7 @@ QUESTION = [{'role': 'user', 'content': 'hello gateway'}]
 
 
 def write_config(tmp: Path, fake_url: str, redis_url: str) -> Path:
-    config = tmp / 'llm.yaml'
-    config.write_text(f'''
-redis: {{url: "{redis_url}"}}
-gateway:
-  keys: [{{id: bench, secret: {KEY}, tenant: bench, models: ["*"]}}]
-llm:
-  - {{name: Chat, provider: openai, model: gpt-4.1, address: "{fake_url}/v1", max_retries: 0, pool_size: 600}}
-''')
-    return config
+    return write_gateway_config(tmp, fake_url, redis_url, key=KEY)
 
 
 def run_block(ways: dict, way: str, clients: int, count: int) -> list[float]:

@@ -41,7 +41,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from common import free_port, start_redis
+from common import free_port, start_redis, write_gateway_config
 from llmconn.demo import start_server, wait_until_up
 from llmconn.testing.fake_server import FakeProviderServer
 
@@ -105,16 +105,7 @@ def write_wrk_script(tmp: Path, name: str, body: dict, key: str | None) -> tuple
 
 def write_llmconn_config(tmp: Path, fake_url: str, redis_url: str) -> Path:
     """One OpenAI connection at the fake provider and one gateway key, as the README's gateway shows."""
-    config = tmp / 'llm.yaml'
-    config.write_text(f'''
-redis: {{url: "{redis_url}"}}
-gateway:
-  keys: [{{id: bench, secret: {LLMCONN_KEY}, tenant: bench, models: ["*"]}}]
-llm:
-  - {{name: {MODEL}, provider: openai, model: {UPSTREAM_MODEL}, address: "{fake_url}/v1", max_retries: 0,
-      pool_size: 600}}
-''')
-    return config
+    return write_gateway_config(tmp, fake_url, redis_url, key=LLMCONN_KEY, name=MODEL, model=UPSTREAM_MODEL)
 
 
 def write_litellm_config(tmp: Path, fake_url: str) -> Path:

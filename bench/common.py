@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import redis
 
@@ -60,3 +61,17 @@ def interleaved(funcs: dict, n: int, rounds: int) -> dict:
         for name, func in funcs.items():
             samples[name].append(per_call(func, n))
     return {name: min(values) for name, values in samples.items()}
+
+
+def write_gateway_config(tmp: Path, fake_url: str, redis_url: str, *, key: str, name: str = 'Chat',
+                         model: str = 'gpt-4.1') -> Path:
+    """An llm.yaml with one OpenAI connection at the fake provider and one gateway key for it."""
+    config = tmp / 'llm.yaml'
+    config.write_text(f'''
+redis: {{url: "{redis_url}"}}
+gateway:
+  keys: [{{id: bench, secret: {key}, tenant: bench, models: ["*"]}}]
+llm:
+  - {{name: {name}, provider: openai, model: {model}, address: "{fake_url}/v1", max_retries: 0, pool_size: 600}}
+''')
+    return config
