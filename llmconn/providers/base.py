@@ -267,6 +267,11 @@ def said(turn: Turn) -> str:
     return turn.assistant if turn.assistant.strip() else EMPTY_REPLY
 
 
+def plain_reply(steps: list[dict]) -> str | None:
+    """The replayed answer of a turn that is one text and nothing else, or None for any other turn."""
+    return nonempty(steps[0]['text']) if mod_items.is_plain(steps) else None
+
+
 def nonempty(text: str) -> str:
     """A final text as it is replayed: never empty (see :data:`EMPTY_REPLY`)."""
     return text if text.strip() else EMPTY_REPLY

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator
 from llmconn import items as mod_items
 from llmconn.errors import InvalidInput
 from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, TOOLS, Provider
-from llmconn.providers.base import is_done_marker, json_event, nonempty
+from llmconn.providers.base import is_done_marker, json_event, nonempty, plain_reply
 from llmconn.types import Event, Reply, Request
 
 ANTHROPIC_VERSION = '2023-06-01'
@@ -212,9 +212,9 @@ class _StreamState:
 def _turn_messages(user: str, steps: list[dict]) -> list[dict]:
     """One turn as alternating messages: the user's, then each round's assistant blocks and results."""
     messages: list[dict[str, Any]] = [{'role': 'user', 'content': user}]
-    if mod_items.is_plain(steps):
-        messages.append({'role': 'assistant', 'content': nonempty(steps[0]['text'])})
-        return messages
+    reply = plain_reply(steps)
+    if reply is not None:
+        return messages + [{'role': 'assistant', 'content': reply}]
     for said, answers in mod_items.rounds(steps):
         if said:
             messages.append({'role': 'assistant', 'content': _assistant_content(said)})

@@ -34,7 +34,7 @@ from urllib.parse import quote
 
 from llmconn import items as mod_items
 from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS, Provider
-from llmconn.providers.base import is_done_marker, json_event, nonempty
+from llmconn.providers.base import is_done_marker, json_event, nonempty, plain_reply
 from llmconn.types import Event, Reply, Request
 
 # Finish reasons of an answer that ended normally; any other one with no text means Gemini refused.
@@ -187,9 +187,9 @@ class _Answer:
 def _turn_contents(user: str, steps: list[dict]) -> list[dict]:
     """One turn: the user's text, each round's model parts, and one functionResponse per call."""
     contents: list[dict[str, Any]] = [{'role': 'user', 'parts': [{'text': user}]}]
-    if mod_items.is_plain(steps):
-        contents.append({'role': 'model', 'parts': [{'text': nonempty(steps[0]['text'])}]})
-        return contents
+    reply = plain_reply(steps)
+    if reply is not None:
+        return contents + [{'role': 'model', 'parts': [{'text': reply}]}]
     names: dict[str, dict] = {}
     for said, answers in mod_items.rounds(steps):
         parts = [_part(item) for item in said]

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Iterator
 
 from llmconn import items as mod_items
 from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS, Provider, is_done_marker
-from llmconn.providers.base import arguments_json, json_event, nonempty, parse_arguments
+from llmconn.providers.base import arguments_json, json_event, nonempty, parse_arguments, plain_reply
 from llmconn.types import Event, Reply, Request
 
 # Where compatible servers put the model's reasoning, in the order we look.
@@ -199,9 +199,9 @@ class _Answer:
 def _turn_messages(user: str, steps: list[dict]) -> list[dict]:
     """One turn: the user's message, each round's assistant message, one tool message per output."""
     messages: list[dict[str, Any]] = [{'role': 'user', 'content': user}]
-    if mod_items.is_plain(steps):
-        messages.append({'role': 'assistant', 'content': nonempty(steps[0]['text'])})
-        return messages
+    reply = plain_reply(steps)
+    if reply is not None:
+        return messages + [{'role': 'assistant', 'content': reply}]
     for said, answers in mod_items.rounds(steps):
         calls = mod_items.calls(said)
         text = ''.join(i['text'] for i in said if i['kind'] in (mod_items.TEXT, mod_items.REFUSAL))

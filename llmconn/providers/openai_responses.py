@@ -42,7 +42,7 @@ from typing import Any, Iterable, Iterator
 from llmconn import items as mod_items
 from llmconn.errors import LLMError
 from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, TOOLS, Chain, Provider
-from llmconn.providers.base import arguments_json, forgot_previous, is_done_marker, json_event, nonempty
+from llmconn.providers.base import arguments_json, forgot_previous, is_done_marker, json_event, nonempty, plain_reply
 from llmconn.providers.base import parse_arguments
 from llmconn.providers.openai import bearer_headers, error_text
 from llmconn.types import Event, Reply, Request, Turn
@@ -248,8 +248,9 @@ class ResponsesChain(Chain):
 
 
 def _turn_items(user: str, steps: list[dict], custom: frozenset = frozenset()) -> list[dict]:
-    if mod_items.is_plain(steps):
-        return [_message('user', user), _message('assistant', nonempty(steps[0]['text']))]
+    reply = plain_reply(steps)
+    if reply is not None:
+        return [_message('user', user), _message('assistant', reply)]
     return [_message('user', user)] + _round_items(steps, custom)
 
 
