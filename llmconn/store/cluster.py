@@ -20,7 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MovedError, RedisClusterException, RedisError, ResponseError
 
 from llmconn.store.lock import BLOCK_CAP
-from llmconn.store.runner import BLOCKING_SOCKET_MARGIN, _pipelined, _script_and_wait
+from llmconn.store.runner import BLOCKING_SOCKET_MARGIN, _pipelined, _script_and_wait, packed
 
 # What the fast path gives up on, for redis-py's own path to handle.
 _REDIS_ERRORS = (RedisError, RedisClusterException)
@@ -135,10 +135,7 @@ def _on_slot_node(client: Any, key: str, *commands: tuple) -> list:
     pool = (node.redis_connection or client.get_redis_connection(node)).connection_pool
     conn = pool.get_connection()
     try:
-        if len(commands) == 1:
-            conn.send_command(*commands[0])
-        else:
-            conn.send_packed_command(conn.pack_commands(commands))
+        conn.send_packed_command(packed(conn, *commands))
         replies, error = [], None
         for _ in commands:
             try:

@@ -119,14 +119,14 @@ class PooledRunner(RedisRunner):
     def _send(self, sha: str, keys: tuple, args: tuple, wait: tuple = ()) -> Any:
         """EVALSHA (then ``WAIT *wait`` in the same send): its reply, or (reply, acks)."""
         pool = self.client.connection_pool
+        evalsha = ('EVALSHA', sha, len(keys), *keys, *args)
         for attempt in (1, 2):
             conn = pool.get_connection()
             try:
                 if not wait:
-                    conn.send_command('EVALSHA', sha, len(keys), *keys, *args)
+                    conn.send_packed_command(packed(conn, evalsha))
                     return conn.read_response()
-                conn.send_packed_command(conn.pack_commands((('EVALSHA', sha, len(keys), *keys, *args),
-                                                             ('WAIT', *wait))))
+                conn.send_packed_command(packed(conn, evalsha, ('WAIT', *wait)))
                 return _two_replies(conn)
             except (RedisConnectionError, RedisTimeoutError):
                 conn.disconnect()
@@ -140,6 +140,31 @@ class PooledRunner(RedisRunner):
             finally:
                 pool.release(conn)
         raise AssertionError('unreachable')
+
+
+def packed(conn: Any, *commands: tuple) -> list[bytes]:
+    """``commands`` in RESP, as ``conn.pack_commands`` makes them, for one send on ``conn``.
+
+    The hot path's arguments are str, bytes and int; redis-py's packer runs
+    its encoder's type dispatch for each (13 arguments a script call, about
+    10 µs), this a ``type() is`` test. Any other type goes through the
+    connection's own encoder, so what is sent is byte for byte redis-py's
+    (utf-8, strict: the store's clients keep redis-py's default encoding).
+    """
+    encode = conn.encoder.encode
+    parts = []
+    for command in commands:
+        parts.append(b'*%d\r\n' % len(command))
+        for arg in command:
+            kind = type(arg)
+            if kind is str:
+                arg = arg.encode()
+            elif kind is int:
+                arg = b'%d' % arg
+            elif kind is not bytes:
+                arg = encode(arg)       # float, memoryview, ...; a bool is refused there, as redis-py does
+            parts += (b'$%d\r\n' % len(arg), arg, b'\r\n')
+    return [b''.join(parts)]
 
 
 def _two_replies(conn: Any) -> tuple:
@@ -194,4 +219,4 @@ def _script_and_wait(client: Any, script: Any, keys: tuple, args: tuple, replica
     raise AssertionError('unreachable')
 
 
-__all__ = ['PooledRunner', 'RedisRunner', 'Runner', 'SentinelRunner']
+__all__ = ['packed', 'PooledRunner', 'RedisRunner', 'Runner', 'SentinelRunner']
