@@ -33,7 +33,11 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# wrk drives the LiteLLM comparison; installed from the distribution when missing, as .ci/run installs redis.
+WRK_INSTALLED = command -v wrk >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null)
+
 bench: $(STAMP) $(BENCH_STAMP)
+	$(WRK_INSTALLED)
 	$(PY) bench/bench.py $(BENCH_ARGS)
 	$(PY) bench/usage_bench.py $(BENCH_ARGS)
 	$(PY) bench/bench_metrics.py $(BENCH_ARGS)
@@ -41,6 +45,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) bench/bench_litellm.py --litellm $(BENCH_VENV)/bin/litellm $(BENCH_ARGS)
 
 bench-litellm: $(STAMP) $(BENCH_STAMP)
+	$(WRK_INSTALLED)
 	$(PY) bench/bench_litellm.py --litellm $(BENCH_VENV)/bin/litellm $(BENCH_ARGS)
 
 bench-gateway: $(STAMP)
