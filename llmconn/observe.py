@@ -58,6 +58,9 @@ class Observer:
     def request_done(self, tally: 'RequestTally') -> None:
         """The host finished sending a response (or the client went away)."""
 
+    def close(self) -> None:
+        """The server is stopping: write out anything kept back."""
+
 
 class RequestTally:
     """One HTTP request as the host served it: what the access log line and the metrics need."""

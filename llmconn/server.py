@@ -186,7 +186,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Replaces what the CLI configured for its own use before the flags of serve were known.
     logs.configure(args.log_format, args.log_level)
     worker = args.listen_fd is not None
-    observe.install_server(metrics=args.metrics, shared=worker)
+    observer = observe.install_server(metrics=args.metrics, shared=worker)
     try:
         host = Host.from_paths(args.config, args.services)
         listener = mod_listener.adopt(args.listen_fd) if worker else listen(args.host, args.port)
@@ -228,6 +228,7 @@ def _serve(args: argparse.Namespace) -> int:
         stopped.wait()
     finally:
         host.close()        # after the requests: their chat locks are released by now
+        observer.close()    # and their counts are written
     logger.info('Stopped')
     return 0
 

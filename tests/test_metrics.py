@@ -395,3 +395,83 @@ def test_request_labels_are_bounded_whatever_the_path():
         '/x' * 50: '', '/v1/chat/completions': 'v1/chat/completions', '/v1/responses': 'v1/responses',
         '/v1/responses/resp_123abc': 'v1/responses/{id}', '/v1/models/Support': 'v1/models/{id}',
         '/v1/anything': ''}
+
+
+# -- the values are written in batches -------------------------------------------------------------
+
+def _exposition(registry) -> dict:
+    """{(name, labels): value} of every sample in ``registry``."""
+    from prometheus_client.exposition import generate_latest
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(generate_latest(registry).decode())
+            for s in family.samples}
+
+
+def _feed(observer):
+    """A mix of every hook, with durations on, just below and just above bucket bounds."""
+    from types import SimpleNamespace
+    for seconds in (0.0, 0.001, 0.01, 0.0100001, 0.3, 120, 121, 5e3):
+        observer.provider_call('C', '200', seconds, retry=False)
+        observer.lock_waited('C', seconds)
+        observer.request_done(SimpleNamespace(service='demo.llm.ask', status=200, duration=seconds))
+    observer.provider_call('C', 'timeout', 2.5, retry=True)
+    observer.call_done('C', 120, 17)
+    observer.call_done('D', 0, 5)
+    observer.call_failed('C', 'ChatBusy')
+    observer.chat_busy('C')
+    observer.store_error('ConnectionError')
+    observer.request_done(SimpleNamespace(service='', status=404, duration=0.002))
+
+
+def test_batched_values_equal_what_prometheus_client_records_call_by_call():
+    from llmconn.metrics import Metrics
+
+    class Direct(Metrics):
+        """The same metrics, each hook writing straight to prometheus_client (its own observe/inc)."""
+
+        def _inc(self, metric, labels, amount=1):
+            metric.labels(*labels).inc(amount)
+
+        def _observe(self, metric, labels, amount):
+            metric.labels(*labels).observe(amount)
+
+    batched, direct = Metrics(), Direct()
+    _feed(batched)
+    _feed(batched)
+    batched.flush()
+    _feed(batched)              # some flushed, some pending: the scrape flushes the rest
+    for _ in range(3):
+        _feed(direct)
+    batched.render(3)
+    direct.render(3)
+    got, want = _exposition(batched.registry), _exposition(direct.registry)
+    assert got == pytest.approx(want, rel=1e-12)         # sums added in another order differ in the last bit
+    assert want[('llmconn_provider_call_duration_seconds_bucket', (('connection', 'C'), ('le', '0.01')))] == 9
+
+
+def test_values_reach_the_storage_within_the_flush_interval_without_a_scrape():
+    import gevent
+    from llmconn.metrics import Metrics
+
+    metrics = Metrics(flush_interval=0.05)
+    metrics.call_done('C', 7, 3)
+    sample = lambda: metrics.registry.get_sample_value('llmconn_input_tokens_total', {'connection': 'C'})  # noqa: E731
+    assert sample() is None, 'written at once: the hot path would pay every write'
+    for _ in range(40):
+        gevent.sleep(0.025)
+        if sample() == 7:
+            break
+    assert sample() == 7
+    metrics.close()
+    metrics.call_done('C', 1, 0)
+    gevent.sleep(0.1)
+    assert sample() == 7, 'a closed observer flushes no more'
+
+
+def test_close_flushes_what_is_pending():
+    from llmconn.metrics import Metrics
+
+    metrics = Metrics(flush_interval=3600)
+    metrics.call_done('C', 7, 3)
+    metrics.close()
+    assert metrics.registry.get_sample_value('llmconn_output_tokens_total', {'connection': 'C'}) == 3
