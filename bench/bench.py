@@ -216,9 +216,17 @@ def bench_runner(conn, scale) -> list:
 
 
 def bench_deployment(kind: str, conn, invoker, scale) -> list:
-    """chat() − invoke() on a deployment, against two PINGs in chat's places on the same client."""
+    """chat() − invoke() on a deployment, against two PINGs in chat's places on the same client.
+
+    A PING writes nothing; on a deployment with replicas each of chat's writes
+    is also fed to a replica, which wakes and takes a core. So the same
+    overhead is also set against two one-key writes (SET, same slot, same
+    client) in chat's places: the floor of two replicated round trips.
+    """
     n, rounds = int(400 * scale) or 20, 9
     ping = chat_pings(conn, 'overhead')
+    client = conn.store._runner.client
+    beside = chat_keys(conn.name, 'overhead').lock + ':bench-write'       # the chat's slot
     for i in range(30):
         conn.chat(f'warm {i}', chat_id='overhead')
         ping()
@@ -228,17 +236,27 @@ def bench_deployment(kind: str, conn, invoker, scale) -> list:
         invoker.invoke(f'message {i}')
         ping()
 
+    def writes_around_invoke(i):
+        client.set(beside, i)
+        invoker.invoke(f'message {i}')
+        client.set(beside, i)
+
     times = interleaved({
         'invoke': lambda i: invoker.invoke(f'message {i}'),
         'pings_around': pings_around_invoke,
+        'writes_around': writes_around_invoke,
         'chat': lambda i: conn.chat(f'message {i}', chat_id='overhead'),
     }, n, rounds)
+    client.delete(beside)
     in_place, cost = times['pings_around'] - times['invoke'], times['chat'] - times['invoke']
-    if in_place <= 0:       # the difference drowned in noise (a loaded machine): no ratio to give
+    writes = times['writes_around'] - times['invoke']
+    if in_place <= 0 or writes <= 0:    # the difference drowned in noise (a loaded machine): no ratio to give
         return [(f'{kind}: chat() − invoke() vs two PINGs in place', f'{cost * 1e6:.0f} µs',
                  'PINGs unmeasurable (noise)', '≤ 1.5 ×', None)]
     return [(f'{kind}: chat() − invoke() vs two PINGs in place', f'{cost * 1e6:.0f} µs = {cost / in_place:.2f} ×',
-             f'PINGs {in_place * 1e6:.0f} µs', '≤ 1.5 ×', cost / in_place <= 1.5)]
+             f'PINGs {in_place * 1e6:.0f} µs', '≤ 1.5 ×', cost / in_place <= 1.5),
+            ('  the same vs two one-key writes in place', f'{cost / writes:.2f} ×', f'SETs {writes * 1e6:.0f} µs',
+             '', None)]
 
 
 def bench_replicas(plain, durable, scale) -> list:
@@ -446,27 +464,38 @@ def bench_handoff(conn, zato, provider) -> list:
 
 
 def bench_many_chats(conn, provider, scale) -> list:
+    """500 chats at once against the same number of raw ``requests`` POSTs of the same size.
+
+    Every chat here holds a full window (19 turns) once warm, so the raw side
+    posts the body such a chat sends (its window rendered by the provider
+    mapping), not a one-message body: both make the same requests, and the
+    difference is llmconn's own work and the store's.
+    """
     concurrency, total = 500, int(5000 * scale) or 500
     session = requests.Session()
     session.mount('http://', HTTPAdapter(pool_connections=1, pool_maxsize=concurrency))
-    url, headers = conn.provider.url(), conn._headers
-    body = conn.provider.build_request(Request('raw request'))
-
-    def raw_worker(w):
-        for _ in range(total // concurrency):
-            session.post(url, data=json.dumps(body), headers=headers).json()
 
     def chat_worker(w):
         for i in range(total // concurrency):
             conn.chat(f'many {i}', chat_id=f'many-{w}')
 
-    together(concurrency, raw_worker)        # warm both pools
-    together(concurrency, chat_worker)
+    for _ in range(2):                       # warm the pool; fill every chat's window
+        together(concurrency, chat_worker)
+    window = tuple(conn.store.history(conn.name, 'many-0')[-(conn.conf.max_history_turns - 1):])
+    url, headers = conn.provider.url(), conn._headers
+    data = json.dumps(conn.provider.build_request(Request('many 0', '', window)))
+
+    def raw_worker(w):
+        for _ in range(total // concurrency):
+            session.post(url, data=data, headers=headers).json()
+
+    together(concurrency, raw_worker)        # warm its pool
     raw_rate = total / together(concurrency, raw_worker)
     chat_rate = total / together(concurrency, chat_worker)
     ratio = chat_rate / raw_rate
-    return [('500 concurrent distinct chats, throughput', f'{chat_rate:.0f}/s = {ratio:.2f} × raw requests',
-             f'raw requests {raw_rate:.0f}/s', '≥ 0.8 ×', ratio >= 0.8)]
+    return [(f'500 concurrent distinct chats ({len(window)}-turn windows), throughput',
+             f'{chat_rate:.0f}/s = {ratio:.2f} × raw requests', f'raw requests {raw_rate:.0f}/s', '≥ 0.8 ×',
+             ratio >= 0.8)]
 
 
 def bench_tool_turn(conn, client, provider, scale) -> list:
