@@ -110,13 +110,19 @@ local function window(n)
     if n <= 0 then return '' end      -- LRANGE key -0 -1 would be the whole list
     return table.concat(redis.call('LRANGE', KEYS[2], -n, -1), '\\n')
 end
+local now                               -- the server's clock in ms, read only when a deadline is compared
+local function clock()
+    if not now then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+    return now
+end
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, window(tonumber(ARGV[3]))}
 end
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 if not holder then
     -- Free. With nobody queued it is ours; with a queue its holder died: the head goes first.
     while true do
@@ -130,7 +136,7 @@ if not holder then
             redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
             return {1, window(tonumber(ARGV[3]))}
         end
-        if token and tonumber(deadline) > now then
+        if token and tonumber(deadline) > clock() then
             redis.call('SET', KEYS[1], token, 'PX', ttl)
             local wake = KEYS[1] .. ':' .. token
             redis.call('RPUSH', wake, window(tonumber(size)))
@@ -144,7 +150,7 @@ if ARGV[4] == '0' then
 end
 local entry = ARGV[5]
 if entry == '' or not redis.call('LPOS', KEYS[3], entry) then
-    entry = ARGV[1] .. ':' .. ARGV[2] .. ':' .. (now + tonumber(ARGV[4])) .. ':' .. ARGV[3]
+    entry = ARGV[1] .. ':' .. ARGV[2] .. ':' .. (clock() + tonumber(ARGV[4])) .. ':' .. ARGV[3]
     redis.call('RPUSH', KEYS[3], entry)
     local keep = tonumber(ARGV[4]) + tonumber(ARGV[2])
     if redis.call('PTTL', KEYS[3]) < keep then
@@ -202,13 +208,16 @@ if ARGV[2] ~= '' then
         end
     end
 end
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local now                               -- the server's clock in ms, read once a waiter is found
 while true do
     local entry = redis.call('LPOP', KEYS[3])
     if not entry then
         redis.call('DEL', KEYS[1])
         return 1
+    end
+    if not now then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     end
     local token, ttl, deadline, size = string.match(entry, '^(%x+):(%d+):(%d+):(%d+)$')
     if token and token ~= ARGV[1] and tonumber(deadline) > now then
