@@ -19,7 +19,6 @@ import argparse  # noqa: E402
 import copy  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import random  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -310,15 +309,7 @@ def bench_replicas(plain, durable, scale) -> list:
         'write': lambda i: send(('SET', 'bench-ack', i)),
         'write_wait': lambda i: send(('SET', 'bench-ack', i), ('WAIT', 1, 1000)),
     }
-    samples: dict = {name: [] for name in funcs}
-    order, shuffle = list(funcs), random.Random(7).shuffle
-    for i in range(n):
-        shuffle(order)
-        for name in order:
-            started = time.perf_counter()
-            funcs[name](i)
-            samples[name].append(time.perf_counter() - started)
-    times = {name: statistics.median(values) for name, values in samples.items()}
+    times = interleaved(funcs, n, 1)
     extra = times['durable'] - times['plain']
     ack, small = times['save_wait'] - times['save'], times['write_wait'] - times['write']
     return [('replicas: 1, extra cost of a chat call vs its save\'s WAIT measured alone',

@@ -7,8 +7,10 @@ benchmark patches.
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -49,18 +51,28 @@ def per_call(func, n: int) -> float:
     return (time.perf_counter() - started) / n
 
 
-def interleaved(funcs: dict, n: int, rounds: int) -> dict:
-    """Seconds per call of each function: the fastest of ``rounds`` blocks, run in alternation.
+def interleaved(funcs: dict, n: int, rounds: int, seed: int = 7) -> dict:
+    """Seconds per call of each function: the median of its ``n × rounds`` calls, run call by call.
 
-    Blocks of different functions alternate, so drift hits all of them alike; the
-    fastest block is taken because noise on a shared machine (other processes, a
-    VM's steal time) only ever adds time, and the figures are differences of these.
+    The functions take turns call by call in an order shuffled anew each
+    time, so every kind of call runs under the same conditions - the same
+    drift of the machine, and after every other kind as often (a fixed order
+    would let one kind always follow, say, the replica work another left).
+    Each call is timed on its own and the median kept: the figures are
+    differences of these, and a median of thousands of calls moves by a few
+    µs between runs on a shared machine, where the fastest of a few blocks
+    of calls moved by a hundred.
     """
     samples: dict = {name: [] for name in funcs}
-    for _ in range(rounds):
-        for name, func in funcs.items():
-            samples[name].append(per_call(func, n))
-    return {name: min(values) for name, values in samples.items()}
+    order, shuffle = list(funcs), random.Random(seed).shuffle
+    for i in range(n * rounds):
+        shuffle(order)
+        for name in order:
+            func = funcs[name]
+            started = time.perf_counter()
+            func(i)
+            samples[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def write_gateway_config(tmp: Path, fake_url: str, redis_url: str, *, key: str, name: str = 'Chat',
