@@ -1,7 +1,8 @@
 """``make bench``, second part: what the Prometheus metrics cost a chat call (target ≤ 1.05 ×).
 
 The same chat calls are timed with the metrics observer installed and with
-nobody listening, in alternating blocks, in one gevent-patched process as
+nobody listening, call by call in a shuffled order (``common.interleaved``:
+each kind's median call), in one gevent-patched process as
 ``llmconn serve`` runs, against a throwaway ``redis-server`` this script
 starts on a free port (and kills) and the fake provider in a subprocess.
 
@@ -9,8 +10,8 @@ The metrics are measured in their dearer mode, the one ``--workers N`` uses:
 values in memory-mapped files under PROMETHEUS_MULTIPROC_DIR (a temporary
 directory here). One process keeps plain in-memory values, which cost less.
 
-    store cost          chat() − the same request without the store (19-turn window), median per block
-    whole chat call     chat() with a 19-turn window, fastest block
+    store cost          chat() − the same request without the store (19-turn window)
+    whole chat call     chat() with a 19-turn window
     observer work       the hooks one served chat call runs, timed alone
 
 Each is given in this process's CPU time first: the metrics cost nothing
@@ -29,7 +30,6 @@ monkey.patch_all()
 import argparse  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -38,7 +38,7 @@ import time  # noqa: E402
 METRICS_DIR = tempfile.mkdtemp(prefix='llmconn-bench-metrics-')
 os.environ['PROMETHEUS_MULTIPROC_DIR'] = METRICS_DIR     # before prometheus_client is imported
 
-from common import start_redis  # noqa: E402
+from common import interleaved, start_redis  # noqa: E402
 from llmconn import Registry, observe  # noqa: E402
 from llmconn.metrics import Metrics  # noqa: E402
 from llmconn.testing.fake_server import FakeProviderServer  # noqa: E402
@@ -53,20 +53,6 @@ def per_call(func, n: int) -> tuple[float, float]:
     for i in range(n):
         func(i)
     return (time.perf_counter() - wall) / n, (time.process_time() - cpu) / n
-
-
-def alternating(funcs: dict, observers: dict, n: int, rounds: int) -> dict:
-    """Seconds per call of each (function, observer) pair, in each of ``rounds`` alternating blocks."""
-    samples = {}
-    states = list(observers.items())
-    for round_ in range(rounds):
-        # ABBA order: a drift in the machine's load hits both states alike.
-        for state, observer in states if round_ % 2 == 0 else states[::-1]:
-            observe.install(observer)
-            for name, func in funcs.items():
-                samples.setdefault((name, state), []).append(per_call(func, n))
-    observe.install(None)
-    return samples
 
 
 def hooks_of_one_chat(name: str):
@@ -117,10 +103,19 @@ def measure(redis_url: str, provider, n: int, rounds: int) -> list:
                 conn.chat(f'warm {i}', chat_id='metrics')
         observe.install(None)
         window = tuple(conn.store.history(name, 'metrics')[-19:])
-        times = alternating({
-            'chat': lambda i: conn.chat(f'message {i}', chat_id='metrics'),
-            'no_store': lambda i: conn._drain(conn._call(Request(f'message {i}', '', window))),
-        }, {'off': None, 'on': metrics}, n, rounds)
+        def observed(observer, func):
+            def call(i):
+                observe.install(observer)
+                func(i)
+            return call
+
+        kinds = {}
+        for state, observer in (('off', None), ('on', metrics)):
+            kinds[('chat', state)] = observed(observer, lambda i: conn.chat(f'message {i}', chat_id='metrics'))
+            kinds[('no_store', state)] = observed(
+                observer, lambda i: conn._drain(conn._call(Request(f'message {i}', '', window))))
+        times = {label: interleaved(kinds, n, rounds, clock=clock)
+                 for label, clock in (('CPU', time.process_time), ('wall', time.perf_counter))}
         observe.install(metrics)
         hooks = min(per_call(hooks_of_one_chat(name), 200)[1] for _ in range(rounds))
         observe.install(None)
@@ -128,18 +123,15 @@ def measure(redis_url: str, provider, n: int, rounds: int) -> list:
         observe.install(None)
         registry.close()
     rows = []
-    for clock, label in ((1, 'CPU'), (0, 'wall')):
-        rows += figures({key: [sample[clock] for sample in values] for key, values in times.items()}, label)
+    for label in ('CPU', 'wall'):
+        rows += figures(times[label], label)
     return rows + [('observer work of one served chat call, alone (CPU)', f'{hooks * 1e6:.1f} µs', '', None)]
 
 
 def figures(times: dict, clock: str) -> list:
-    """The rows of one clock. The whole call: the fastest block (noise on a shared machine only adds
-    time). The store's cost is a difference, so it is taken block by block, chat and no-store run
-    back to back, and the median of those differences is kept: one lucky block cannot make it."""
-    chat = {state: min(times[('chat', state)]) for state in ('off', 'on')}
-    store = {state: statistics.median(c - w for c, w in zip(times[('chat', state)], times[('no_store', state)]))
-             for state in ('off', 'on')}
+    """The rows of one clock, from each kind's median call."""
+    chat = {state: times[('chat', state)] for state in ('off', 'on')}
+    store = {state: times[('chat', state)] - times[('no_store', state)] for state in ('off', 'on')}
     chat_ratio, store_ratio = chat['on'] / chat['off'], store['on'] / store['off']
     return [
         (f'chat(), 19-turn window, {clock}: metrics off → on',
@@ -153,7 +145,7 @@ def figures(times: dict, clock: str) -> list:
 
 def print_table(rows, n: int, rounds: int) -> None:
     print(f'\nllmconn metrics benchmark — own redis-server, fake provider on loopback, gevent-patched, '
-          f'multiprocess values, {rounds} alternating blocks of {n} calls, {time.strftime("%Y-%m-%d")}\n')
+          f'multiprocess values, {n * rounds} calls of each kind in shuffled order, {time.strftime("%Y-%m-%d")}\n')
     header = ('figure', 'llmconn', 'target', 'met')
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(3)]
     print('  '.join(h.ljust(w) for h, w in zip(header, widths + [3])))
