@@ -61,7 +61,6 @@ MULTIPROC_ENV = 'PROMETHEUS_MULTIPROC_DIR'
 # most this many seconds later, and before every scrape this process answers. A worker killed
 # with SIGKILL loses at most this much of its counts; a stopping server flushes (close()).
 FLUSH_INTERVAL = 1.0
-CLOSED = object()           # _flusher once close() ran: no flusher is started again
 OTHER_SERVICE = 'other'     # the label of a path that names no deployed service: keeps cardinality bounded
 # Seconds. Provider calls and requests run from milliseconds to minutes (long generations).
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -101,14 +100,15 @@ class Metrics(Observer):
                                     ['error'], registry=reg)
         self.deployed = Gauge('llmconn_services_deployed', 'Services this host serves', registry=reg,
                               multiprocess_mode='livemostrecent')
-        self.flush_interval = flush_interval
         self._bounds = {metric: (*buckets, math.inf) for metric, buckets in (
             (self.request_seconds, LATENCY_BUCKETS), (self.provider_seconds, LATENCY_BUCKETS),
             (self.lock_seconds, LOCK_WAIT_BUCKETS))}
         self._children: dict[tuple, object] = {}
         self._counts: dict[tuple, float] = {}       # (counter, labels) -> added since the last flush
         self._observed: dict[tuple, list] = {}      # (histogram, labels) -> [sum, count per bucket]
-        self._flusher = None                        # the greenlet that flushes, started by the first value
+        # The flusher runs in the hub of the thread that made the metrics: the server's main thread,
+        # where every request (and so every hook) runs.
+        self._flusher = gevent.spawn(self._flush_every, flush_interval)
 
     def _child(self, metric, *labels: str):
         """``metric.labels(*labels)``, remembered: the library's own lookup takes a lock and builds a tuple."""
@@ -153,8 +153,6 @@ class Metrics(Observer):
         key = (metric, labels)
         counts = self._counts
         counts[key] = counts.get(key, 0) + amount
-        if self._flusher is None:
-            self._start_flusher()
 
     def _observe(self, metric: Histogram, labels: tuple, amount: float) -> None:
         key = (metric, labels)
@@ -163,8 +161,6 @@ class Metrics(Observer):
             entry = self._observed[key] = [0.0] + [0] * len(self._bounds[metric])
         entry[0] += amount
         entry[1 + bisect.bisect_left(self._bounds[metric], amount)] += 1      # le: the first bound >= amount
-        if self._flusher is None:
-            self._start_flusher()
 
     # -- the values ------------------------------------------------------------------------------
 
@@ -188,14 +184,9 @@ class Metrics(Observer):
                     child._buckets[i].inc(count)
 
     def close(self) -> None:
-        """Flush, and stop flushing: the server is stopping."""
-        flusher, self._flusher = self._flusher, CLOSED
-        if flusher not in (None, CLOSED):
-            flusher.kill(block=False)
+        """Stop flushing and flush: the server is stopping."""
+        self._flusher.kill(block=False)
         self.flush()
-
-    def _start_flusher(self) -> None:
-        self._flusher = gevent.spawn(self._flush_every, self.flush_interval)
 
     def _flush_every(self, seconds: float) -> None:
         while True:
