@@ -51,7 +51,9 @@ class Tool:
     def from_callable(cls, function: Callable) -> 'Tool':
         """A tool from a Python callable: its name, its docstring, its type hints as the schema.
 
-        Deriving the schema takes pydantic a while, so each function's tool is made once.
+        Deriving the schema takes pydantic a while, so each function's tool is made once,
+        checked once, and shared by every call that passes the function: read it, do not
+        change its ``parameters`` (wrap the function in a :class:`Tool` of your own for that).
         """
         try:
             return _from_callable[function]
@@ -62,6 +64,10 @@ class Tool:
             _from_callable[function] = tool
         except TypeError:
             pass        # not weakly referable (a builtin): derived on every call
+        else:
+            if len(_derived_validators) >= MAX_DERIVED_VALIDATORS:
+                _derived_validators.clear()
+            _derived_validators[id(tool)] = (tool, _validator(json.dumps(tool.parameters, sort_keys=True)))
         return tool
 
     @classmethod
@@ -72,6 +78,11 @@ class Tool:
 
 
 _from_callable: 'weakref.WeakKeyDictionary[Callable, Tool]' = weakref.WeakKeyDictionary()
+# The argument validators of derived tools, by id(tool): their schemas are made here and never
+# change, so a call need not serialize one to find its validator. Tools given as llmconn.Tool are
+# the caller's and are looked up by their schema's text on every call.
+_derived_validators: dict[int, tuple['Tool', Any]] = {}
+MAX_DERIVED_VALIDATORS = 1024
 
 
 def schema_of(function: Callable) -> dict:
@@ -101,12 +112,36 @@ def schema_of(function: Callable) -> dict:
     return schema
 
 
+# tools= lists of plain callables already checked, as tuples of them: a service passes the same
+# functions on every call. Their tools are derived here, so nothing can change what was checked.
+# A call that gives llmconn.Tool objects is checked every time (their schemas are the caller's dicts).
+_prepared: dict[tuple, tuple[Tool, ...]] = {}
+MAX_PREPARED = 256
+
+
 def prepare(tools: Any) -> tuple[Tool, ...]:
     """``tools=`` as checked :class:`Tool` objects, or :class:`InvalidInput` saying what is wrong."""
     if tools is None:
         return ()
     if isinstance(tools, (Tool, str, bytes, dict)) or callable(tools) and not isinstance(tools, (list, tuple)):
         raise InvalidInput('tools must be a list of callables or llmconn.Tool objects, e.g. tools=[get_order]')
+    key = tuple(tools)
+    try:
+        return _prepared[key]
+    except (KeyError, TypeError):       # not seen, or an unhashable entry
+        pass
+    prepared = _checked(key)
+    if all(type(t) is not Tool and callable(t) for t in key):
+        try:
+            if len(_prepared) >= MAX_PREPARED:
+                _prepared.clear()
+            _prepared[key] = prepared
+        except TypeError:
+            pass
+    return prepared
+
+
+def _checked(tools: tuple) -> tuple[Tool, ...]:
     prepared = []
     for tool in tools:
         if isinstance(tool, Tool):
@@ -206,7 +241,11 @@ def validation_errors(tool: Tool, arguments: Any) -> str:
     """'' when ``arguments`` validate against the tool's schema, else what is wrong."""
     if not isinstance(arguments, dict):
         return f'arguments must be a JSON object, got {_short(arguments)}'
-    validator = _validator(json.dumps(tool.parameters, sort_keys=True))
+    derived = _derived_validators.get(id(tool))
+    if derived is not None and derived[0] is tool:
+        validator = derived[1]
+    else:
+        validator = _validator(json.dumps(tool.parameters, sort_keys=True))
     problems = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
     return '; '.join(f'{"/".join(map(str, e.path)) or "(root)"}: {e.message}' for e in problems[:5])
 

@@ -98,3 +98,34 @@ def test_tools_on_a_provider_without_them_are_refused_before_any_request(redis_u
     with pytest.raises(InvalidInput, match='"tools"'):
         conn.chat('hi', chat_id='c', tools=[add])
     assert provider.requests == []
+
+
+def test_a_list_of_functions_is_checked_once_and_its_tools_reused():
+    from llmconn import tools as mod_tools
+
+    def lookup(order_id: str) -> dict:
+        """Look an order up."""
+        return {}
+
+    first = mod_tools.prepare([lookup, add])
+    assert mod_tools.prepare([lookup, add]) is first, 'the same functions are not checked again'
+    assert mod_tools.prepare(iter([lookup, add])) is first, 'an iterator of them is read once, then found'
+    assert [t.name for t in mod_tools.prepare((f for f in (add,)))] == ['add']
+
+
+def test_a_tool_objects_schema_is_checked_on_every_call_since_the_caller_may_change_it():
+    from llmconn import tools as mod_tools
+
+    tool = Tool('t', '', schema(a={'type': 'string'}))
+    assert mod_tools.prepare([tool]) == (tool,)
+    tool.parameters['properties']['a'] = {'type': 'no-such-type'}
+    with pytest.raises(InvalidInput, match='not a valid JSON Schema'):
+        mod_tools.prepare([tool])
+
+
+def test_a_duplicate_among_functions_is_refused_every_time():
+    from llmconn import tools as mod_tools
+
+    for _ in range(2):
+        with pytest.raises(InvalidInput, match='given twice'):
+            mod_tools.prepare([add, add])
