@@ -60,6 +60,17 @@ llm:
 
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 
+# A function tool in the Responses shape, and a message that makes the fake provider call it.
+ORDER_TOOL = {'type': 'function', 'name': 'get_order', 'description': 'Look an order up',
+              'parameters': {'type': 'object', 'properties': {'order_id': {'type': 'string'}},
+                             'required': ['order_id']}}
+ASK = 'call get_order {"order_id": "A-17"}'
+
+
+def reasoning_params(model: str) -> dict:
+    """The request's reasoning for a Responses backend; Claude's thinking is its connection's."""
+    return {'reasoning': {'effort': 'low', 'summary': 'auto'}} if model.startswith('Responses') else {}
+
 
 def create(client, **kw) -> Response:
     """A Response, validated by the SDK's own type from the raw body (not the SDK's lenient parse)."""

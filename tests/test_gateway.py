@@ -14,7 +14,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from gateway_stack import BACKENDS, GatewayStack, quiet_usage, settled_usage
+from gateway_stack import BACKENDS, GatewayStack, create, quiet_usage, reasoning_params, settled_usage
 
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 TERMINAL = ('response.completed', 'response.incomplete', 'response.failed')
@@ -25,17 +25,6 @@ def gw():
     stack = GatewayStack()
     yield stack
     stack.close()
-
-
-def create(client, **kw) -> Response:
-    """A response created through the SDK, its JSON body validated as a Response."""
-    raw = client.responses.with_raw_response.create(**kw)
-    return Response.model_validate(raw.http_response.json())
-
-
-def reasoning_params(model: str) -> dict:
-    # Claude's thinking is the connection's; the Responses kinds take the request's reasoning.
-    return {'reasoning': {'effort': 'low', 'summary': 'auto'}} if model.startswith('Responses') else {}
 
 
 @pytest.mark.parametrize('model', BACKENDS)

@@ -16,14 +16,10 @@ import openai
 import pytest
 from openai.types.responses import Response
 
-from gateway_stack import GatewayStack, create, streamed
+from gateway_stack import ASK, ORDER_TOOL, GatewayStack, create, reasoning_params, streamed
 from llmconn.errors import GatewayError
 from llmconn.gateway import reasoning as sealing
 
-ORDER_TOOL = {'type': 'function', 'name': 'get_order', 'description': 'Look an order up',
-              'parameters': {'type': 'object', 'properties': {'order_id': {'type': 'string'}},
-                             'required': ['order_id']}}
-ASK = 'call get_order {"order_id": "A-17"}'
 INCLUDE = ['reasoning.encrypted_content']
 STATELESS = ['Claude', 'Gemini', 'ResponsesLocal', 'Responses']
 # The same Claude model with thinking off: another mode, so another replay tag.
@@ -38,12 +34,8 @@ def gw():
     stack.close()
 
 
-def options(model: str) -> dict:
-    return {'reasoning': {'effort': 'low', 'summary': 'auto'}} if model.startswith('Responses') else {}
-
-
 def first_turn(client, model: str, stream: bool = False, ask: str = ASK, **kw) -> Response:
-    kw = dict(model=model, input=ask, tools=[ORDER_TOOL], store=False, **options(model), **kw)
+    kw = dict(model=model, input=ask, tools=[ORDER_TOOL], store=False, **reasoning_params(model), **kw)
     return streamed(client, **kw)[1] if stream else create(client, **kw)
 
 
@@ -86,7 +78,7 @@ def test_a_stateless_turn_of_calls_continues_with_the_sealed_reasoning(gw, model
     assert len(sealed) == 1 and sealed[0].encrypted_content.startswith(sealing.FORMAT + '.')
     assert first.output[-1].type == 'function_call'
     gw.fake.clear()
-    kw = dict(model=model, tools=[ORDER_TOOL], store=False, include=INCLUDE, input=sent_back(first), **options(model))
+    kw = dict(model=model, tools=[ORDER_TOOL], store=False, include=INCLUDE, input=sent_back(first), **reasoning_params(model))
     second = streamed(client, **kw)[1] if stream else create(client, **kw)
     assert second.status == 'completed' and second.output_text == 'tool said: shipped'
     assert gw.fake.violations == []

@@ -15,13 +15,9 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from gateway_stack import GatewayStack, create, streamed
+from gateway_stack import ASK, ORDER_TOOL, GatewayStack, create, reasoning_params, streamed
 
-ORDER_TOOL = {'type': 'function', 'name': 'get_order', 'description': 'Look an order up',
-              'parameters': {'type': 'object', 'properties': {'order_id': {'type': 'string'}},
-                             'required': ['order_id']}}
 CHAT_TOOL = {'type': 'function', 'function': {k: v for k, v in ORDER_TOOL.items() if k != 'type'}}
-ASK = 'call get_order {"order_id": "A-17"}'
 # Backends whose function-call round trip goes through gateway state (thinking, encrypted reasoning,
 # thought signatures replayed from the ledger) and the one that keeps the chain itself.
 RESPONSES_BACKENDS = ['Claude', 'ResponsesLocal', 'Gemini', 'Chat', 'Responses']
@@ -37,10 +33,6 @@ def gw():
     stack = GatewayStack(processes=1, extra_llm=SEARCHING)
     yield stack
     stack.close()
-
-
-def reasoning(model: str) -> dict:
-    return {'reasoning': {'effort': 'low', 'summary': 'auto'}} if model.startswith('Responses') else {}
 
 
 def check_call_events(events: list[dict]) -> None:
@@ -63,7 +55,7 @@ def check_call_events(events: list[dict]) -> None:
 def test_a_function_call_round_trip_is_joined_by_call_id(gw, model, stream):
     gw.fake.clear()
     client = gw.client()
-    kw = dict(model=model, input=ASK, tools=[ORDER_TOOL], **reasoning(model))
+    kw = dict(model=model, input=ASK, tools=[ORDER_TOOL], **reasoning_params(model))
     if stream:
         events, first = streamed(client, **kw)
         check_call_events(events)
@@ -78,7 +70,7 @@ def test_a_function_call_round_trip_is_joined_by_call_id(gw, model, stream):
     again = client.responses.retrieve(first.id)      # the id a backend did not give is made once, then kept
     assert [(i.call_id, i.arguments) for i in again.output if i.type == 'function_call'] == [
         (call.call_id, call.arguments)]
-    answer_kw = dict(model=model, previous_response_id=first.id, tools=[ORDER_TOOL], **reasoning(model),
+    answer_kw = dict(model=model, previous_response_id=first.id, tools=[ORDER_TOOL], **reasoning_params(model),
                      input=[{'type': 'function_call_output', 'call_id': call.call_id, 'output': 'shipped'}])
     second = streamed(client, **answer_kw)[1] if stream else create(client, **answer_kw)
     assert second.status == 'completed' and second.output_text == 'tool said: shipped'
