@@ -131,7 +131,7 @@ def prepare(tools: Any) -> tuple[Tool, ...]:
     except (KeyError, TypeError):       # not seen, or an unhashable entry
         pass
     prepared = _checked(key)
-    if all(type(t) is not Tool and callable(t) for t in key):
+    if all(callable(t) and not isinstance(t, Tool) for t in key):
         try:
             if len(_prepared) >= MAX_PREPARED:
                 _prepared.clear()

@@ -208,19 +208,22 @@ if ARGV[2] ~= '' then
         end
     end
 end
-local now                               -- the server's clock in ms, read once a waiter is found
+local now                               -- the server's clock in ms, read only when a deadline is compared
+local function clock()
+    if not now then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+    return now
+end
 while true do
     local entry = redis.call('LPOP', KEYS[3])
     if not entry then
         redis.call('DEL', KEYS[1])
         return 1
     end
-    if not now then
-        local t = redis.call('TIME')
-        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    end
     local token, ttl, deadline, size = string.match(entry, '^(%x+):(%d+):(%d+):(%d+)$')
-    if token and token ~= ARGV[1] and tonumber(deadline) > now then
+    if token and token ~= ARGV[1] and tonumber(deadline) > clock() then
         redis.call('SET', KEYS[1], token, 'PX', ttl)
         local wake = KEYS[1] .. ':' .. token
         local n = tonumber(size)
