@@ -179,15 +179,16 @@ def test_counters_count_once_per_saved_turn_even_when_the_save_is_resent(proxy, 
         store.close()
 
 
-def test_a_counter_field_with_a_space_is_refused_before_anything_is_saved(redis_url, unique):
-    # The save script gets all increments as one space-separated argument: a field with a space
+@pytest.mark.parametrize('field', ['input tokens', 'input\ttokens', 'input_tokens\n', ''])
+def test_a_counter_field_with_a_space_is_refused_before_anything_is_saved(redis_url, unique, field):
+    # The save script gets all increments as one space-separated argument: a field with whitespace
     # would be split into other fields, so it is refused, and the lock is released as usual.
     store = open_store(redis_url)
     try:
         ledger = chat_keys(unique, 'c').beside('usage')
         with pytest.raises(ValueError, match='without spaces'):
             with store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL) as lock:
-                lock.save(turn('one'), expiry=60, max_turns=10, counters=(ledger, {'input tokens': 7}))
+                lock.save(turn('one'), expiry=60, max_turns=10, counters=(ledger, {field: 7}))
         assert store.history(unique, 'c') == []
         assert store._runner.client.exists(ledger) == 0
         store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0).release()    # the chat is free again
@@ -207,6 +208,21 @@ def test_counters_with_the_hash_expiry_set_it_once_on_the_first_new_field(redis_
         client = store._runner.client
         assert client.hgetall(ledger) == {b'calls': b'2', b'input_tokens': b'7'}
         assert 4000 < client.ttl(ledger) <= 5000
+    finally:
+        store.close()
+
+
+def test_each_save_counts_its_own_numbers_whatever_its_fields_hold(redis_url, unique):
+    # The increments are formatted from one format per set of fields: the numbers are each save's,
+    # a '%' in a field is a plain character, and another set of fields gets a format of its own.
+    store = open_store(redis_url)
+    try:
+        ledger = chat_keys(unique, 'c').beside('usage')
+        for n, counts in ((3, {'calls': 1, 'in%d%%': 3}), (4, {'calls': 1, 'in%d%%': 40}),
+                          (5, {'calls': 1, 'in%d%%': 500, 'tools': 2})):
+            store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(
+                turn(f'{n}'), expiry=60, max_turns=10, counters=(ledger, counts))
+        assert store._runner.client.hgetall(ledger) == {b'calls': b'3', b'in%d%%': b'543', b'tools': b'2'}
     finally:
         store.close()
 

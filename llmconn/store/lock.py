@@ -294,12 +294,27 @@ def _leave(store: 'ChatStore', keys: 'ChatKeys', token: str, entry: bytes) -> No
         logger.warning('Could not leave the queue of a busy chat; its entry lapses by itself: %s', exc)
 
 
+_formats: dict[tuple, str] = {}         # (*fields, expiry) -> FINISH's ARGV[7] with %d for each increment
+MAX_FORMATS = 1024                      # field sets are per connection, model and key: few
+
+
 def _increments(increments: dict, expiry: float) -> str:
-    """FINISH's ARGV[7]: the expiry, then each field and its increment, space-separated."""
-    text = ' '.join([str(int(expiry)), *(f'{field} {int(amount)}' for field, amount in increments.items())])
-    if text.count(' ') != 2 * len(increments) or '  ' in text:
-        raise ValueError(f'counter fields must be non-empty and without spaces, not {list(increments)!r}')
-    return text
+    """FINISH's ARGV[7]: the expiry, then each field and its increment, space-separated.
+
+    The fields are checked and the string's format made once per set of
+    fields; a save only fills in the numbers.
+    """
+    key = (*increments, expiry)
+    text = _formats.get(key)
+    if text is None:
+        fields = list(increments)
+        if any(field.split() != [field] for field in fields):    # the script splits on whitespace
+            raise ValueError(f'counter fields must be non-empty and without spaces, not {fields!r}')
+        text = ' '.join([str(int(expiry)), *(field.replace('%', '%%') + ' %d' for field in fields)])
+        if len(_formats) >= MAX_FORMATS:
+            _formats.clear()
+        _formats[key] = text
+    return text % (*increments.values(),)
 
 
 class ChatLock:
