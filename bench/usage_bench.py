@@ -2,16 +2,18 @@
 
 Starts its own throwaway ``redis-server`` on a free port (never the
 machine's) and, for the whole-call figure, the fake provider in a
-subprocess. Both sides run in alternating blocks; each figure is the
-fastest block, since noise on a shared machine only ever adds time.
+subprocess. The two kinds of call run one at a time in an order
+shuffled anew each time (``common.interleaved``); each figure is the
+median of every call timed alone.
 
     .venv/bin/python bench/usage_bench.py [--quick]
 
 Target (SPEC §11): store cost per chat call with the ledger ≤ 1.05 × without.
 What the ledger adds to a save: a hash key and one argument carrying the expiry
 and three field/increment pairs (redis-py's packer costs about 1 µs per
-argument, so they travel as one string the script splits), and three HINCRBY
-inside the script; no round trip.
+argument, so they travel as one string the script splits, filled into a
+format made once per set of fields), and three HINCRBY inside the script; no
+round trip.
 """
 
 from __future__ import annotations
