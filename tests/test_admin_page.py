@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import socket
 import textwrap
@@ -131,7 +132,10 @@ def _browser():
     sync_api = pytest.importorskip('playwright.sync_api', reason='pip install playwright (the test extra)')
     exe = shutil.which('chromium') or shutil.which('chromium-browser')
     if not exe:
-        pytest.skip('no chromium on PATH: apt-get install -y chromium')
+        message = 'no chromium on PATH: apt-get install -y chromium'
+        if os.environ.get('LLMCONN_TEST_REQUIRE_BROWSER'):      # CI: a missing browser fails, never skips
+            pytest.fail(message)
+        pytest.skip(message)
     return sync_api, exe
 
 
