@@ -179,7 +179,7 @@ def sse_response(events: Iterable, cid: str, extra_headers: dict | None = None) 
                 yield encode_event(first)
             for event in iterator:
                 yield encode_event(event)
-        except GreenletExit:
+        except (GreenletExit, GeneratorExit):      # killed, or the client went away: nobody to tell
             raise
         except BaseException as e:      # SystemExit and KeyboardInterrupt too: this stream only
             status, message, _ = classify(e)
