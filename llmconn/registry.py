@@ -114,7 +114,14 @@ class Registry:
                 conn.retire()
         logger.info('Reloaded %s: %d connection(s)', self.path, len(new.connections))
 
+    def __enter__(self) -> 'Registry':
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def close(self) -> None:
+        """Close every connection, write the usage counted in this process, close the store."""
         state = self._state
         for conn in state.connections.values():
             conn.close()

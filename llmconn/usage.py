@@ -17,12 +17,16 @@ How a call is counted, exactly once:
   way through :meth:`UsageLedger.add_to`: tallied in process, written in
   marked batches, one per hash.
 * ``close()`` (called by ``Registry.close()``) stops the thread and flushes
-  what is left. Only counts still unwritable at that moment are lost, and
-  they are logged (numbers only).
+  what is left; a program that ends normally without closing its registry
+  (a script that returns, ``sys.exit``) has its ledgers closed at exit. Only
+  counts still unwritable at that moment are lost, and they are logged
+  (numbers only). A process killed outright loses what it had not flushed:
+  at most its last ``FLUSH_INTERVAL`` of calls without a saved turn.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -213,6 +217,10 @@ class UsageLedger:
             logger.error('Usage counts of %d call(s) could not be written before closing and are lost; '
                          'is Redis (%s) down?', self.pending(), self.store.url_for_display)
 
+    def has_unwritten(self) -> bool:
+        """Counts of this process not written yet (of any hash)."""
+        return bool(self._pending or self._hashes or self._unsent)
+
     def pending(self) -> int:
         """Calls counted in this process and not yet written (for tests and the admin page)."""
         with self._lock:
@@ -361,4 +369,12 @@ def _forget_parent_state() -> None:
         ledger._after_fork()
 
 
+def _close_at_exit() -> None:
+    # Before logging's own exit hook (registered earlier, so run later): a failure is still logged.
+    for ledger in list(_ledgers):
+        if not ledger._closed or ledger.has_unwritten():
+            ledger.close()
+
+
 os.register_at_fork(after_in_child=_forget_parent_state)
+atexit.register(_close_at_exit)

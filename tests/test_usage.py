@@ -64,6 +64,33 @@ def test_ledger_totals_equal_the_replies_usage_after_mixed_calls_from_several_pr
         registry.close()
 
 
+@pytest.mark.parametrize('ending', ['return', 'exit'])
+def test_a_program_that_ends_without_closing_its_registry_still_writes_its_counts(redis_url, provider, unique,
+                                                                                   ending):
+    # Invokes, streams without a chat id and failed calls are tallied in process: a script that
+    # returns (or calls sys.exit) without Registry.close() must not lose them.
+    config = _config(redis_url, provider, unique)
+    worker = subprocess.run([sys.executable, str(HERE / 'usage_worker.py'), json.dumps(config), 'w', '2', ending],
+                            capture_output=True, text=True, timeout=90)
+    assert worker.returncode == 0, worker.stderr
+    sent = json.loads(worker.stdout.strip().splitlines()[-1])
+    registry = Registry.from_dict(config)
+    try:
+        good, bad = _totals(registry.store, unique), _totals(registry.store, unique + '-bad')
+        assert {c: good[c] + bad[c] for c in good} == sent
+        assert sent['calls'] == 2 * 5 and sent['errors'] == 2
+    finally:
+        registry.close()
+
+
+def test_a_registry_is_a_context_manager_that_writes_its_counts_on_the_way_out(redis_url, provider, unique):
+    with Registry.from_dict(_config(redis_url, provider, unique)) as registry:
+        result = registry[unique].invoke('counted on the way out')
+        assert registry.usage.pending() == 1 or _totals(registry.store, unique)['calls'] == 1
+    assert registry.usage.pending() == 0
+    assert _totals(registry.store, unique) == {'calls': 1, 'errors': 0, **_sum([result])}
+
+
 def test_a_saved_chat_call_is_counted_by_its_save_script_not_by_the_flusher(open_registry, redis_url, provider,
                                                                             unique):
     registry = open_registry(_config(redis_url, provider, unique))

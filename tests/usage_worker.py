@@ -1,12 +1,14 @@
 """A separate OS process making mixed calls, for the usage ledger's tests.
 
-    python tests/usage_worker.py CONFIG_JSON LABEL ROUNDS
+    python tests/usage_worker.py CONFIG_JSON LABEL ROUNDS [close|return|exit]
 
 CONFIG_JSON is what ``Registry.from_dict`` takes: its first connection
 answers, its second always fails (HTTP 404). Each round makes a chat call,
 an invoke, a streamed chat, a streamed invoke and a failing call. Prints one
 JSON line: the sums of the ``usage`` of every reply it got, and its calls and
-errors, after closing the registry (which writes what it counted in process).
+errors. Then it closes the registry (which writes what it counted in process),
+or with ``return`` or ``exit`` ends without closing it (returning from main,
+or ``sys.exit(0)`` mid-function): the ledger must still write at exit.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from llmconn import LLMError, Registry
 
 def main() -> int:
     config, label, rounds = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    ending = sys.argv[4] if len(sys.argv) > 4 else 'close'
     registry = Registry.from_dict(config)
     good, bad = registry[config['llm'][0]['name']], registry[config['llm'][1]['name']]
     sums = {'calls': 0, 'errors': 0, 'input_tokens': 0, 'output_tokens': 0}
@@ -38,8 +41,11 @@ def main() -> int:
         except LLMError:
             sums['calls'] += 1
             sums['errors'] += 1
-    registry.close()
     print(json.dumps(sums), flush=True)
+    if ending == 'close':
+        registry.close()
+    elif ending == 'exit':
+        sys.exit(0)
     return 0
 
 
