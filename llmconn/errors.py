@@ -34,20 +34,37 @@ class InactiveConnection(LLMConnError):
     """The connection is configured with ``is_active: false`` and refuses calls."""
 
 
+# What a log line says instead of the provider's own words.
+WITHHELD = "<the provider's message: in the caller's error, not in logs>"
+
+
 class LLMError(LLMConnError):
     """The provider failed or answered with an error.
 
     ``status`` is the HTTP status (None when no response arrived),
     ``provider_body`` the provider's body verbatim (parsed JSON when it was
-    JSON, else the text), ``connection`` the connection's name.
+    JSON, else the text), ``connection`` the connection's name, ``quoted``
+    the provider's own words that the message quotes ('' when none).
     """
 
     def __init__(self, message: str, *, status: int | None = None, provider_body: Any = None,
-                 connection: str = '') -> None:
+                 connection: str = '', quoted: str = '') -> None:
         super().__init__(message)
         self.status = status
         self.provider_body = provider_body
         self.connection = connection
+        self.quoted = quoted
+
+    def logged(self) -> str:
+        """The message as a log line carries it: without the provider's words, which may quote the request."""
+        text = str(self)
+        if not self.quoted:
+            return text
+        if self.quoted in text:
+            return text.replace(self.quoted, WITHHELD)
+        # The quote was changed on its way into the message (a secret masked in it): say only what is ours.
+        status = f'HTTP {self.status}' if self.status else 'no HTTP status'
+        return f'{self.connection}: {type(self).__name__} ({status}); {WITHHELD}'
 
 
 class LLMTimeout(LLMError):

@@ -94,9 +94,11 @@ def log_failure(e: BaseException, status: int, cid: str, what: str) -> None:
     elif isinstance(e, InvalidResponse):
         logger.error('%s failed with %d (cid=%s): %s', what, status, cid, e)
     elif status >= 500:
-        # Only the unexpected get a traceback; an LLMError or ConfigError is explained by its message.
-        logger.error('%s failed with %d (cid=%s): %s', what, status, cid, e if isinstance(e, LLMConnError)
-                     else f'{type(e).__name__}: {e}', exc_info=not isinstance(e, LLMConnError))
+        # Only the unexpected get a traceback; an LLMError or ConfigError is explained by its message
+        # (an LLMError's without the provider's words: the caller's error has them, under this cid).
+        logger.error('%s failed with %d (cid=%s): %s', what, status, cid, e.logged() if isinstance(e, LLMError)
+                     else e if isinstance(e, LLMConnError) else f'{type(e).__name__}: {e}',
+                     exc_info=not isinstance(e, LLMConnError))
 
 
 def error_response(e: BaseException, cid: str, what: str) -> tuple:

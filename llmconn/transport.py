@@ -351,7 +351,7 @@ class Transport:
         else:
             hint = 'the request was refused; fix the input or the connection settings'
         message = f'{self.name}: provider answered HTTP {status}' + (f': {detail}' if detail else '') + f' ({hint})'
-        return cls(self._redact(message), status=status, provider_body=body, connection=self.name)
+        return cls(self._redact(message), status=status, provider_body=body, connection=self.name, quoted=detail)
 
     def _error(self, message: str, status: int | None = None, body: Any = None) -> LLMError:
         return LLMError(self._redact(f'{self.name}: {message}'), status=status, provider_body=body,

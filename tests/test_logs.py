@@ -22,7 +22,7 @@ from test_metrics import free_port, write_setup
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = 'log-test-api-key-Zq81xK'
 SECRET = 'sk-log-test-secret-Vb27'
-TEXTS = [f'distinctive-user-text-{i}-{uuid.uuid4().hex[:6]}' for i in range(4)]
+TEXTS = [f'distinctive-user-text-{i}-{uuid.uuid4().hex[:6]}' for i in range(5)]
 
 BOOM = f'''
 from llmconn.service import Service
@@ -62,12 +62,17 @@ def test_json_log_lines_parse_carry_the_access_fields_and_never_a_secret_or_text
             done = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith(b'data: {"text": "echo')]
         provider.fail(400, count=1)
         refused = call(url, 'demo.llm.ask', {'text': TEXTS[3]})
+        # A provider whose error quotes the request: the caller gets its words, the log does not.
+        provider.fail(400, count=1, body={'error': {'type': 'invalid_request_error',
+                                                    'message': f'your message {TEXTS[4]!r} is refused'}})
+        quoting = call(url, 'demo.llm.ask', {'text': TEXTS[4]})
         boom = call(url, 'test.boom', {})
         unauthorized = call(url, 'demo.llm.ask', {'text': 'x'}, key='not-the-key-Jh3')
     finally:
         stop(proc)
         log.close()
-    assert [r.status_code for r in (chat, ask, refused, boom, unauthorized)] == [200, 200, 502, 500, 401]
+    assert [r.status_code for r in (chat, ask, refused, quoting, boom, unauthorized)] == [200, 200, 502, 502, 500, 401]
+    assert TEXTS[4] in quoting.json()['error']
     raw = log_path.read_text()
     lines = [json.loads(line) for line in raw.splitlines() if line.strip()]     # every line is one object
     for forbidden in [API_KEY, SECRET, 'not-the-key-Jh3', *TEXTS]:
@@ -80,6 +85,8 @@ def test_json_log_lines_parse_carry_the_access_fields_and_never_a_secret_or_text
         assert 0 < line['duration'] < 10 and line['time'].endswith('Z')
     assert access[stream.headers['X-Cid']]['service'] == 'demo.llm.support-chat-stream'
     assert access[refused.headers['X-Cid']]['status'] == 502
+    [failed] = [line for line in lines if line['level'] == 'ERROR' and line.get('cid') == quoting.headers['X-Cid']]
+    assert 'HTTP 400' in failed['message'] and "the provider's message: in the caller's error" in failed['message']
     assert access[unauthorized.headers['X-Cid']]['status'] == 401
     # The service's traceback is logged under its request's cid, with the secrets it held masked.
     errors = [line for line in lines if line['level'] == 'ERROR' and line.get('cid') == boom.headers['X-Cid']]

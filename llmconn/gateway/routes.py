@@ -191,7 +191,8 @@ def error(e: BaseException, cid: str, what: str) -> tuple:
     failure = classify(e)
     if failure.status >= 500:
         logger.error('%s failed with %d (cid=%s): %s', bounded(what, MAX_PARAM_CHARS), failure.status, cid,
-                     bounded(str(failure)), exc_info=not isinstance(e, LLMConnError))
+                     bounded(e.logged() if isinstance(e, LLMError) else str(failure)),
+                     exc_info=not isinstance(e, LLMConnError))
     headers = [('WWW-Authenticate', 'Bearer')] if failure.status == 401 else []
     body = failure.body()
     body['error'].update(message=bounded(body['error']['message']),

@@ -124,8 +124,9 @@ class Provider:
         """
         raise NotImplementedError
 
-    def error(self, message: str, body: Any = None, status: int | None = None) -> LLMError:
-        return LLMError(message, status=status, provider_body=body, connection=self.conf.name)
+    def error(self, message: str, body: Any = None, status: int | None = None, quoted: str = '') -> LLMError:
+        """An :class:`LLMError` of this connection; ``quoted``: the provider's words ``message`` quotes."""
+        return LLMError(message, status=status, provider_body=body, connection=self.conf.name, quoted=quoted)
 
     def body_params(self, request: Request) -> dict[str, Any]:
         """Connection ``params`` overlaid by per-call params: merged into the body last."""

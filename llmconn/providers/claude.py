@@ -125,8 +125,9 @@ class ClaudeProvider(Provider):
             data = json_event(self, sse)
             kind = data.get('type') or sse.event
             if kind == 'error':
-                raise self.error(f'Claude reported an error mid-stream: {_error_message(data)}; '
-                                 f'the reply was not saved, try again', data)
+                said = _error_message(data)
+                raise self.error(f'Claude reported an error mid-stream: {said}; the reply was not saved, try again',
+                                 data, quoted=said)
             if kind == 'message_stop':
                 state.stopped = True
                 break

@@ -99,7 +99,8 @@ class GeminiProvider(Provider):
 
     def parse_response(self, body: Any) -> Reply:
         if not isinstance(body, dict) or body.get('error'):
-            raise self.error(f'Gemini answered with an error: {_error_text(body)}', body)
+            said = _error_text(body)
+            raise self.error(f'Gemini answered with an error: {said}', body, quoted=said)
         self._check_not_blocked(body)
         candidates = body.get('candidates') or []
         if not candidates:
@@ -132,8 +133,9 @@ class GeminiProvider(Provider):
                 continue
             chunk = json_event(self, sse)
             if chunk.get('error'):
-                raise self.error(f'Gemini reported an error mid-stream: {_error_text(chunk)}; '
-                                 f'the reply was not saved, try again', chunk)
+                said = _error_text(chunk)
+                raise self.error(f'Gemini reported an error mid-stream: {said}; the reply was not saved, try again',
+                                 chunk, quoted=said)
             self._check_not_blocked(chunk)
             yield from answer.add(chunk)
         if answer.finish is None:

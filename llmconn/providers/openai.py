@@ -91,7 +91,8 @@ class OpenAIProvider(Provider):
 
     def parse_response(self, body: Any) -> Reply:
         if not isinstance(body, dict) or body.get('error'):
-            raise self.error(f'the provider answered with an error: {error_text(body)}', body)
+            said = error_text(body)
+            raise self.error(f'the provider answered with an error: {said}', body, quoted=said)
         choices = body.get('choices') or []
         if not choices or not isinstance(choices[0], dict):
             raise self.error('the provider answered without any choice; see provider_body', body)
@@ -123,8 +124,9 @@ class OpenAIProvider(Provider):
                 break
             chunk = json_event(self, sse)
             if chunk.get('error'):
-                raise self.error(f'the provider reported an error mid-stream: {error_text(chunk)}; '
-                                 f'the reply was not saved, try again', chunk)
+                said = error_text(chunk)
+                raise self.error(f'the provider reported an error mid-stream: {said}; the reply was not saved, '
+                                 f'try again', chunk, quoted=said)
             yield from answer.add(chunk)
         else:
             if answer.finish_reason is None:

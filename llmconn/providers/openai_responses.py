@@ -125,10 +125,12 @@ class OpenAIResponsesProvider(Provider):
 
     def parse_response(self, body: Any) -> Reply:
         if not isinstance(body, dict) or 'output' not in body:
-            raise self.error(f'the provider answered with something that is not a response: {error_text(body)}',
-                             body)
+            said = error_text(body)
+            raise self.error(f'the provider answered with something that is not a response: {said}', body,
+                             quoted=said)
         if body.get('error') or body.get('status') == 'failed':
-            raise self.error(f'the response failed: {error_text(body)}; try again', body)
+            said = error_text(body)
+            raise self.error(f'the response failed: {said}; try again', body, quoted=said)
         output = [i for i in body.get('output') or () if isinstance(i, dict)]
         text, thinking = [], []
         for item in output:
@@ -196,11 +198,12 @@ class OpenAIResponsesProvider(Provider):
                 return
             elif kind == 'response.failed':
                 response = data.get('response') or {}
-                raise self.error(f'the response failed: {error_text(response)}; try again', response)
+                said = error_text(response)
+                raise self.error(f'the response failed: {said}; try again', response, quoted=said)
             elif kind == 'error':
-                raise self.error(f'the provider reported an error mid-stream: '
-                                 f'{data.get("message") or error_text(data)}; the reply was not saved, try again',
-                                 data)
+                said = str(data.get('message') or error_text(data))
+                raise self.error(f'the provider reported an error mid-stream: {said}; the reply was not saved, '
+                                 f'try again', data, quoted=said)
         raise self.error('the stream ended before response.completed, so the reply is incomplete; try again')
 
 

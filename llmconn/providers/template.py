@@ -148,12 +148,14 @@ class TemplateProvider(Provider):
         """An LLMError for a render or an answer, secret masked; its class follows the HTTP status."""
         secret = self.conf.secret_value
         status = answer.status if answer is not None else None
+        said = ''
         if status is not None and status >= 400:
-            message += f' (HTTP {status}: {shown(answer.text)})'
+            said = scrub(shown(answer.text), secret)
+            message += f' (HTTP {status}: {said})'
         cls = {401: LLMAuthError, 403: LLMAuthError, 429: LLMRateLimited, 529: LLMRateLimited}.get(status, LLMError)
         body = scrub(_body(answer.text), secret) if answer is not None else None
         return cls(scrub(f'{self.conf.name}: {message}', secret), status=status, provider_body=body,
-                   connection=self.conf.name)
+                   connection=self.conf.name, quoted=said)
 
 
 def _messages(request: Request) -> list[dict]:
