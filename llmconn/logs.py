@@ -14,11 +14,13 @@ connection=Support tokens=4/14
 
 Every request gets one access line, written when its last byte is sent (so
 a stream's line has the stream's tokens and whole duration). Other lines
-written while a request is served carry its cid (from
-:func:`llmconn.observe.current`). ``duration`` is in seconds.
+written while a request is served carry its cid, service and connection
+(from :func:`llmconn.observe.current`). In JSON every line has the access
+line's keys, null where they do not apply. ``duration`` is in seconds.
 
 What never appears: message texts (llmconn logs none: not the user's, not
-the model's) and secrets. Every configured secret (connection secrets, API
+the model's, not a provider's error message, which may quote the request)
+and secrets. Every configured secret (connection secrets, API
 keys, the Redis password, the metrics key) is masked in every line,
 including tracebacks, in both formats: a service that puts a key into an
 exception message does not get it into the log.
@@ -133,6 +135,9 @@ class TextFormatter(logging.Formatter):
         return self.scrub(text)
 
 
+_NO_REQUEST = {'cid': None, 'service': None, 'connection': None, 'status': None, 'duration': None, 'tokens': None}
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record; see the module docstring for its fields."""
 
@@ -145,6 +150,8 @@ class JsonFormatter(logging.Formatter):
         if fields is not None:
             entry.update(fields)
         else:
+            # Every line has the access line's keys, null where they do not apply (one schema to ship).
+            entry.update(_NO_REQUEST)
             tally = observe.current()
             if tally is not None:
                 entry.update(cid=tally.cid, service=tally.service or None,

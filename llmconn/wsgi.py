@@ -68,6 +68,7 @@ class App:
         cid = new_cid()
         method, path = environ['REQUEST_METHOD'], environ.get('PATH_INFO') or '/'
         tally = observe.start_request(cid, method, path)
+        tally.service = self._label(path)       # known from the start: the request's other log lines carry it
         self.active += 1
         try:
             try:
@@ -83,7 +84,7 @@ class App:
         except BaseException:
             self.active -= 1        # no body to close: nothing else would count this request out
             raise
-        tally.status, tally.service = status, self._label(path)
+        tally.status = status
         return _Tracked(body, partial(self._finished, tally))
 
     def _finished(self, tally: observe.RequestTally) -> None:

@@ -75,6 +75,8 @@ def test_json_log_lines_parse_carry_the_access_fields_and_never_a_secret_or_text
     assert TEXTS[4] in quoting.json()['error']
     raw = log_path.read_text()
     lines = [json.loads(line) for line in raw.splitlines() if line.strip()]     # every line is one object
+    for line in lines:                                                          # one schema for every line
+        assert {'time', 'level', 'cid', 'service', 'connection', 'status', 'duration', 'tokens'} <= set(line), line
     for forbidden in [API_KEY, SECRET, 'not-the-key-Jh3', *TEXTS]:
         assert forbidden not in raw, forbidden
     access = {line['cid']: line for line in lines if 'tokens' in line}
@@ -87,6 +89,7 @@ def test_json_log_lines_parse_carry_the_access_fields_and_never_a_secret_or_text
     assert access[refused.headers['X-Cid']]['status'] == 502
     [failed] = [line for line in lines if line['level'] == 'ERROR' and line.get('cid') == quoting.headers['X-Cid']]
     assert 'HTTP 400' in failed['message'] and "the provider's message: in the caller's error" in failed['message']
+    assert failed['service'] == 'demo.llm.ask' and failed['connection'] == 'Support'
     assert access[unauthorized.headers['X-Cid']]['status'] == 401
     # The service's traceback is logged under its request's cid, with the secrets it held masked.
     errors = [line for line in lines if line['level'] == 'ERROR' and line.get('cid') == boom.headers['X-Cid']]
