@@ -7,7 +7,7 @@
     llmconn_provider_call_duration_seconds{connection} one attempt, until the answer (its headers, for a stream)
     llmconn_call_errors_total{connection,error}        invoke/chat/stream calls that raised, by error class
     llmconn_chat_busy_total{connection}                chat calls that gave up waiting for the lock
-    llmconn_lock_wait_seconds{connection}              time chat calls waited for their lock (0: free)
+    llmconn_lock_wait_seconds{connection}              waits for the chat lock (0: free), ChatBusy ones too
     llmconn_input_tokens_total{connection}             tokens sent, as the providers counted them
     llmconn_output_tokens_total{connection}            tokens received
     llmconn_store_errors_total{error}                  chat store failures, by redis exception class

@@ -174,8 +174,11 @@ def check(samples, sent):
     assert value(samples, 'llmconn_call_errors_total', connection='Support', error='LLMError') == 1
     assert value(samples, 'llmconn_call_errors_total', connection='Support', error='ChatBusy') == 1
     assert value(samples, 'llmconn_chat_busy_total', connection='Support') == 1
-    # Chat calls that got their lock: 3 chats, the stream, the holder (the busy one never did).
-    assert value(samples, 'llmconn_lock_wait_seconds_count', connection='Support') == 5
+    # Chat calls that asked for their lock: 3 chats, the stream, the holder, and the busy one, which
+    # waited its whole lock_wait (0.3 s) before giving up.
+    assert value(samples, 'llmconn_lock_wait_seconds_count', connection='Support') == 6
+    assert 0.3 <= value(samples, 'llmconn_lock_wait_seconds_sum', connection='Support') < 1.0
+    assert value(samples, 'llmconn_lock_wait_seconds_bucket', connection='Support', le='0.25') == 5
     assert value(samples, 'llmconn_input_tokens_total', connection='Support') == sent['input'] > 0
     assert value(samples, 'llmconn_output_tokens_total', connection='Support') == sent['output'] > 0
     assert value(samples, 'llmconn_services_deployed') == 4

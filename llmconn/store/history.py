@@ -94,8 +94,12 @@ class ChatStore:
                             f'the connection\'s configuration.')
 
         started = self._clock()
-        window_bytes, place = mod_lock.acquire(self, keys, token, window=window, ttl_ms=ttl_ms,
-                                               lock_wait=lock_wait, clock=self._clock, busy=busy)
+        try:
+            window_bytes, place = mod_lock.acquire(self, keys, token, window=window, ttl_ms=ttl_ms,
+                                                   lock_wait=lock_wait, clock=self._clock, busy=busy)
+        except ChatBusy:
+            observe.lock_waited(conn_name, self._clock() - started)      # the wait of a call that gave up
+            raise
         observe.lock_waited(conn_name, self._clock() - started if place else 0.0)     # place 0: it was free
         lock = ChatLock(self, keys, token, ttl_ms, self._turns.decode(window_bytes), place)
         self._held[token] = lock
