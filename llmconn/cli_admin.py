@@ -78,9 +78,9 @@ def cmd_usage(args) -> int:
     since = parse_day(args.since) if args.since else ''
     registry = _registry(args)
     try:
-        if args.connection:
-            registry[args.connection]       # an unknown name says which ones exist
         rows = read_usage(registry.store, since=since, connection=args.connection)
+        if args.connection and not rows and args.connection not in registry:
+            registry[args.connection]       # a name neither configured nor counted: say which ones exist
     finally:
         registry.close()
     if not registry.store.shared:

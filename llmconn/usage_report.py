@@ -8,6 +8,7 @@ layout. This is what ``llmconn usage`` prints and ``GET /admin`` charts.
 from __future__ import annotations
 
 import datetime as mod_datetime
+import re
 from base64 import urlsafe_b64decode
 from collections import defaultdict
 from typing import Any
@@ -29,10 +30,16 @@ def decode(value: str) -> str:
     return raw.decode('utf-8', 'surrogatepass')
 
 
+_DAY = re.compile(r'\d{4}-\d{2}-\d{2}', re.ASCII)
+
+
 def parse_day(text: str) -> str:
     """A ``--since`` value (YYYY-MM-DD) checked and normalized, or InvalidInput saying what to send."""
+    text = text.strip()
     try:
-        return mod_datetime.date.fromisoformat(text.strip()).isoformat()
+        if not _DAY.fullmatch(text):        # fromisoformat also takes 20260131 and week dates
+            raise ValueError(text)
+        return mod_datetime.date.fromisoformat(text).isoformat()
     except ValueError:
         raise InvalidInput(f'{text!r} is not a date; write it as YYYY-MM-DD (UTC), e.g. 2026-01-31') from None
 

@@ -31,6 +31,7 @@ from functools import partial
 from typing import Any, Callable, Iterable, Iterator
 
 from gevent import GreenletExit, Timeout
+from redis.exceptions import AuthenticationError
 
 from llmconn.responses import (CHAT_BUSY_RETRY_AFTER, HTTPFailure, InvalidResponse, check_response,  # noqa: F401
                                classify, encode_event, encode_response, error_response, json_response,
@@ -167,6 +168,8 @@ class App:
             return f'the chat store did not answer within {READY_STORE_TIMEOUT:g} s'
         except Exception as e:
             logger.warning('/ready: the chat store does not answer: %s', e)
+            if isinstance(e.__cause__, AuthenticationError):
+                return 'the chat store refused its credentials (the user name and password in redis.url)'
             return 'the chat store does not answer'
         return ''
 

@@ -101,8 +101,19 @@ def test_usage_prints_a_table_and_json_since_a_day(config, unique):
     assert [(r['calls'], r['errors']) for r in rows] == [(2, 0)] and rows[0]['input_tokens'] > 0
     later = llmconn_cli('usage', '--since', '2999-01-01', '--connection', unique, '--config', config)
     assert later.stdout.strip() == 'no usage recorded'
-    bad = llmconn_cli('usage', '--since', 'last week', '--config', config)
-    assert bad.returncode == 1 and 'YYYY-MM-DD' in bad.stderr
+    for since in ('last week', '20261201', '2026-W48-1'):       # only YYYY-MM-DD, as the error says
+        bad = llmconn_cli('usage', '--since', since, '--config', config)
+        assert bad.returncode == 1 and 'YYYY-MM-DD' in bad.stderr, since
+
+
+def test_usage_of_a_connection_no_longer_configured_is_still_reported(tmp_path, redis_url, provider, unique):
+    # A connection renamed or removed keeps its past usage: --connection finds it in the ledger.
+    old = _write_config(tmp_path / 'old.yaml', redis_url, provider, unique + '-gone')
+    assert llmconn_cli('invoke', unique + '-gone', 'hello', '--config', str(old)).returncode == 0
+    config = str(_write_config(tmp_path / 'llm.yaml', redis_url, provider, unique))
+    done = llmconn_cli('usage', '--connection', unique + '-gone', '--config', config, '--json')
+    assert done.returncode == 0, done.stderr
+    assert [(r['connection'], r['calls']) for r in json.loads(done.stdout)] == [(unique + '-gone', 1)]
 
 
 def test_every_admin_command_reads_etc_llm_yaml_by_default(tmp_path, redis_url, provider, unique):

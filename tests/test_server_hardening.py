@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 import requests
 
 from llmconn.demo import start_server, stop
@@ -385,6 +386,20 @@ def test_ready_flips_when_the_stores_redis_stops_and_starts(tmp_path, fake, redi
         assert s.get('health').json() == {'status': 'ok'}       # alive: restarting would not help
         redis_server.start()
         assert wait_for(lambda: s.get('ready').status_code == 200)
+    finally:
+        s.close()
+
+
+def test_ready_says_the_store_refused_its_credentials_without_showing_them(tmp_path, fake, redis_server):
+    redis.Redis(port=redis_server.port).config_set('requirepass', 'the-right-pass-Qx7')
+    wrong = f'redis://:the-wrong-pass-Hm4@127.0.0.1:{redis_server.port}/0'
+    s = Server(tmp_path, fake.url, redis_url=wrong)
+    try:
+        ready = s.get('ready')
+        assert ready.status_code == 503
+        assert ready.json() == {'status': 'not-ready', 'reason': 'the chat store refused its credentials '
+                                                                 '(the user name and password in redis.url)'}
+        assert 'pass-' not in ready.text
     finally:
         s.close()
 
