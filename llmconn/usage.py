@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Iterator
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError
 
-from llmconn.errors import LLMError, LLMTimeout
+from llmconn.errors import LLMConnError, LLMError, LLMTimeout
 from llmconn.store.keys import chat_keys
 from llmconn.usage_keys import ERROR_PREFIX, RETENTION_TTL, day_of, field_prefix, ledger_key
 
@@ -63,12 +63,23 @@ return 1
 """
 
 _NO_USAGE: dict = {}
+
+
 def error_status(exc: BaseException) -> str:
-    """How an error is counted: the provider's HTTP status, or what happened instead."""
+    """How a failed call is counted: the provider's HTTP status, or what happened instead.
+
+    ``timeout`` and ``no_response`` when the provider gave no status;
+    ``cancelled`` when the call was stopped (the client left, Ctrl-C, a killed
+    greenlet); else the class of the llmconn error that ended it (``ChatBusy``,
+    ``StoreError``, ``LockLost``, ``ToolLoopLimit``, ...), ``error`` for any other.
+    """
     if isinstance(exc, LLMTimeout):
         return 'timeout'
-    status = getattr(exc, 'status', None)
-    return str(status) if status else 'no_response'
+    if isinstance(exc, LLMError):
+        return str(exc.status) if exc.status else 'no_response'
+    if isinstance(exc, LLMConnError):
+        return type(exc).__name__
+    return 'error' if isinstance(exc, Exception) else 'cancelled'
 
 
 # Ledgers of this process, so a forked child starts without its parent's tally and thread.
@@ -284,7 +295,7 @@ class UsageLedger:
 class CallTally:
     """The count of one call: in the save script when its turn is saved, else in process."""
 
-    __slots__ = ('ledger', 'prefix', 'result', 'in_script', 'status')
+    __slots__ = ('ledger', 'prefix', 'result', 'in_script', 'status', 'done')
 
     def __init__(self, ledger: UsageLedger, prefix: str) -> None:
         self.ledger = ledger
@@ -292,6 +303,7 @@ class CallTally:
         self.result: dict | None = None     # the provider's answer, once there is one
         self.in_script = False              # the save script counted it
         self.status = ''                    # why it failed, when it did
+        self.done = False                   # its 'done' event went out: whatever follows, it succeeded
 
     def save_entry(self, conn_name: str, chat_id: str, result: dict) -> tuple:
         """Hand this to the save; call :meth:`saved` once the save succeeded."""
@@ -305,14 +317,14 @@ class CallTally:
         """Pass the call's events through, and count the call once it ends, however it ends."""
         try:
             for event in events:
-                if event.type == 'done' and self.result is None:
-                    self.result = event.result
+                if event.type == 'done':
+                    self.done = True
+                    if self.result is None:
+                        self.result = event.result
                 yield event
-        except LLMError as exc:
-            self.status = error_status(exc)
-            raise
-        except GeneratorExit:
-            self.status = 'cancelled'
+        except BaseException as exc:    # GeneratorExit, KeyboardInterrupt, GreenletExit: cancelled
+            if not self.done:           # a consumer that stops once it has its answer did not fail
+                self.status = error_status(exc)
             raise
         finally:
             try:
@@ -323,15 +335,17 @@ class CallTally:
                 self._settle()
 
     def _settle(self) -> None:
-        if self.in_script:
-            return
-        if self.result is not None:
+        if self.in_script or (self.result is None and not self.status):
+            return          # counted by the save script, or never started
+        counts = {'calls': 1}
+        if self.result is not None:     # the provider answered: its tokens were spent, whatever came next
             usage = self.result.get('usage') or {}
-            self.ledger.add(self.prefix, {'calls': 1, 'input_tokens': int(usage.get('input_tokens') or 0),
-                                          'output_tokens': int(usage.get('output_tokens') or 0),
-                                          'tool_calls': len(self.result.get('tool_calls') or ())})
-        elif self.status:
-            self.ledger.add(self.prefix, {'calls': 1, 'errors': 1, ERROR_PREFIX + self.status: 1})
+            counts.update(input_tokens=int(usage.get('input_tokens') or 0),
+                          output_tokens=int(usage.get('output_tokens') or 0),
+                          tool_calls=len(self.result.get('tool_calls') or ()))
+        if self.status:
+            counts.update({'errors': 1, ERROR_PREFIX + self.status: 1})
+        self.ledger.add(self.prefix, counts)
 
 
 class _NoTally:

@@ -10,8 +10,9 @@ A hash field is ``<connection>:<model>:<key>:<counter>``, the first three
 base64url-encoded as in :mod:`llmconn.store.keys` (so ``:`` separates them
 safely); ``<key>`` is the gateway key and empty until there is one. Counters:
 ``calls``, ``errors``, ``input_tokens``, ``output_tokens``, ``tool_calls`` and
-``error:<status>`` (the provider's HTTP status, ``timeout``, ``no_response``
-or ``cancelled``).
+``error:<status>`` (see :func:`llmconn.usage.error_status`: the provider's
+HTTP status, ``timeout``, ``no_response``, ``cancelled``, or the class of the
+llmconn error that ended the call, such as ``ChatBusy``).
 
 On a cluster a script may touch only its chat's slot, so the hash a save
 script writes is the day's hash *of that slot*: ``<tag>`` comes from a table

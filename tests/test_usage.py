@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from redis.crc import key_slot
 
-from llmconn import LLMError, LockLost, Registry
+from llmconn import ChatBusy, LLMError, LockLost, Registry, StoreError
 from llmconn.store.keys import chat_keys
 from llmconn.usage import UsageLedger
 from llmconn.usage_keys import ledger_key, slot_tags
@@ -143,10 +143,50 @@ def test_a_turn_whose_save_failed_is_still_counted_once(open_registry, redis_url
     store = registry.store
     monkeypatch.setattr(store, '_finish', lambda *args, **kwargs: 0)     # the lock was lost meanwhile
     with pytest.raises(LockLost):
+        result = registry[unique].invoke('hello')       # what the chat's provider call answers
         registry[unique].chat('hello', chat_id='c1')
     monkeypatch.undo()
     registry.close()
-    assert _totals(store, unique)['calls'] == 1
+    [row] = read_usage(store, connection=unique)
+    # Two calls; the failed one counts as an error, with the tokens its provider answer spent.
+    assert (row['calls'], row['errors'], row['errors_by_status']) == (2, 1, {'LockLost': 1})
+    assert row['input_tokens'] == 2 * result['usage']['input_tokens']
+
+
+def test_calls_that_fail_without_the_provider_count_as_errors_by_their_error(open_registry, redis_url, provider,
+                                                                             unique, monkeypatch):
+    config = _config(redis_url, provider, unique)
+    config['llm'][0]['lock_wait'] = 0.2
+    registry = open_registry(config)
+    conn = registry[unique]
+    lock = registry.store.begin(unique, 'busy', window=5, lock_ttl=5, lock_wait=0)
+    with pytest.raises(ChatBusy):
+        conn.chat('hello', chat_id='busy')             # another call holds the chat
+    lock.release()
+
+    def refuse(*args, **kwargs):
+        raise StoreError('Chat store down (test)')
+    monkeypatch.setattr(registry.store, 'begin', refuse)
+    with pytest.raises(StoreError):
+        conn.chat('hello', chat_id='c1')
+    monkeypatch.undo()
+
+    def interrupted(call, tally):                       # Ctrl-C while the provider is thinking
+        raise KeyboardInterrupt
+        yield
+    monkeypatch.setattr(conn, '_pipeline', interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        conn.chat('hello', chat_id='c2')
+    monkeypatch.undo()
+
+    events = conn.stream('answered in full')            # a consumer that stops once it has its answer
+    done = next(e for e in events if e.type == 'done')
+    events.close()
+    registry.close()
+    [row] = read_usage(registry.store, connection=unique)
+    assert row['errors_by_status'] == {'ChatBusy': 1, 'StoreError': 1, 'cancelled': 1}
+    assert (row['calls'], row['errors']) == (4, 3)
+    assert row['output_tokens'] == done.result['usage']['output_tokens']
 
 
 def test_failed_and_abandoned_calls_count_as_errors_by_status(open_registry, redis_url, provider, unique):
