@@ -88,7 +88,8 @@ def render(registry: Any, connection: str, chat_id: str) -> str:
     sections = [
         _section('Usage per connection and day (tokens in + out, UTC)',
                  _notice(usage_error) or usage_chart(by_connection_and_day(rows), days) + usage_table(rows)),
-        _section(f'Provider errors by status, last {DAYS_SHOWN} days', _notice(usage_error) or errors_table(rows)),
+        _section(f'Failed calls by status (the provider\'s, or the error that ended them), last {DAYS_SHOWN} days',
+                 _notice(usage_error) or errors_table(rows)),
         _section('Chat history', history_form(list(registry), connection, chat_id)
                  + (history_view(registry, connection, chat_id) if chat_id else '')),
     ]
@@ -152,10 +153,13 @@ def usage_chart(series: dict[str, dict[str, dict]], days: list[str]) -> str:
 
 
 def usage_table(rows: list[dict]) -> str:
-    head = '<tr><th>Day</th><th>Connection</th><th>Model</th><th>Calls</th><th>Errors</th><th>Input</th>' \
-           '<th>Output</th><th>Tool calls</th></tr>'
+    """One row per day, connection, model and gateway key; the Key column only when a row has a key."""
+    keyed = any(r['key'] for r in rows)
+    head = '<tr><th>Day</th><th>Connection</th><th>Model</th>' + ('<th>Key</th>' if keyed else '') + \
+           '<th>Calls</th><th>Errors</th><th>Input</th><th>Output</th><th>Tool calls</th></tr>'
     body = ''.join(
         f'<tr><td>{r["day"]}</td><td>{escape(r["connection"])}</td><td>{escape(r["model"])}</td>'
+        + (f'<td>{escape(r["key"])}</td>' if keyed else '')
         + ''.join(f'<td class="n">{r[c]}</td>' for c in ('calls', 'errors', 'input_tokens', 'output_tokens',
                                                           'tool_calls'))
         + '</tr>' for r in reversed(rows))
@@ -165,7 +169,7 @@ def usage_table(rows: list[dict]) -> str:
 def errors_table(rows: list[dict]) -> str:
     errors = errors_by_status(rows)
     if not errors:
-        return '<p>No provider errors in these days.</p>'
+        return '<p>No failed calls in these days.</p>'
     body = ''.join(f'<tr><td>{escape(c)}</td><td>{escape(s)}</td><td class="n">{n}</td></tr>' for c, s, n in errors)
     return f'<table id="errors-table"><tr><th>Connection</th><th>Status</th><th>Errors</th></tr>{body}</table>'
 

@@ -118,6 +118,16 @@ def test_bad_queries_get_a_message_not_a_crash(app_for, unique):
     assert _get(app, headers={'HTTP_AUTHORIZATION': 'Basic ' + 'é'})[0] == 401
 
 
+def test_the_usage_table_has_a_key_column_when_gateway_keys_counted():
+    from llmconn.admin_page import usage_table
+    row = {'day': '2026-12-01', 'connection': 'C', 'model': 'm', 'key': '', 'calls': 1, 'errors': 0,
+           'input_tokens': 2, 'output_tokens': 3, 'tool_calls': 0}
+    assert '<th>Key</th>' not in usage_table([row])
+    keyed = usage_table([row, dict(row, key='<team-a>'), dict(row, key='team-b')])
+    assert '<th>Key</th>' in keyed and '<td>&lt;team-a&gt;</td>' in keyed and '<td>team-b</td>' in keyed
+    assert keyed.count('<td></td>') == 1        # the row without a key: an empty cell, columns in line
+
+
 def test_a_store_that_is_down_shows_its_error_in_the_page(tmp_path, provider, unique):
     from conftest import free_port
     registry = Registry.from_file(_config(tmp_path, f'redis://127.0.0.1:{free_port()}/0', provider, unique))
