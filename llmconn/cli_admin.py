@@ -55,7 +55,8 @@ def add_admin_commands(sub: Any, common: list) -> None:
 
     p = command('chats', cmd_chats, 'list the chat ids a connection has stored turns for')
     p.add_argument('name', help='connection name')
-    p.add_argument('--match', default='*', help='only chat ids matching this glob, e.g. "user-*"')
+    p.add_argument('--match', default='*', help='only chat ids matching this shell-style glob, e.g. "user-*" '
+                                                '(* ? [seq]; match a literal * or [ as [*] or [[])')
     p.add_argument('--json', action='store_true', help='print the ids as a JSON list')
 
     p = command('chat', cmd_chat, 'talk to a connection: a conversation, or one message with TEXT')
@@ -109,10 +110,15 @@ def cmd_history(args) -> int:
 def cmd_forget(args) -> int:
     registry = _registry(args)
     try:
-        registry[args.name].delete_history(args.chat_id)
+        conn = registry[args.name]
+        had = conn.history(args.chat_id)
+        conn.delete_history(args.chat_id)       # whatever the read found: a turn saved meanwhile goes too
     finally:
         registry.close()
-    print(f'forgot chat {args.chat_id!r} of {args.name!r}')
+    if had:
+        print(f'forgot chat {args.chat_id!r} of {args.name!r} ({len(had)} messages)')
+    else:
+        print(f'chat {args.chat_id!r} of {args.name!r} had no stored turns; nothing to forget')
     return 0
 
 

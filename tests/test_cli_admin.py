@@ -75,7 +75,9 @@ def test_chats_history_and_forget_round_trip_any_chat_id(config, unique):
     assert [m['role'] for m in as_json] == ['user', 'assistant'] and as_json[0]['content'] == 'odd'
 
     forgot = llmconn_cli('forget', unique, 'user-1', '--config', config)
-    assert forgot.returncode == 0 and 'forgot' in forgot.stdout
+    assert forgot.returncode == 0 and 'forgot' in forgot.stdout and '(4 messages)' in forgot.stdout
+    again = llmconn_cli('forget', unique, 'user-1', '--config', config)
+    assert again.returncode == 0 and 'nothing to forget' in again.stdout
     assert llmconn_cli('history', unique, 'user-1', '--config', config, '--json').stdout.strip() == '[]'
     assert 'user-1' not in llmconn_cli('chats', unique, '--config', config).stdout.split('\n')
     for done in (listed, matched, history, forgot):
