@@ -235,7 +235,8 @@ class Conversation:
                     print(shown(f'{message["role"]}: {message["content"]}', self.stdout), file=self.stdout)
                 continue
             self._turn(text)
-        return 1 if self.failed else 0
+        # A script learns that a line failed; a person who saw the error and left did not fail.
+        return 1 if self.failed and not self.interactive else 0
 
     def _read(self) -> str | None:
         if not self.interactive:

@@ -238,6 +238,20 @@ def test_chat_on_a_terminal_prompts_and_streams_the_answer(config, unique):
                                                                                      'What is my name?']
 
 
+def test_a_failed_turn_on_a_terminal_is_shown_and_leaving_afterwards_is_status_0(config, unique, provider):
+    term = Terminal([sys.executable, '-m', 'llmconn', 'chat', unique, '--chat-id', 'tty-fail', '--config', config])
+    try:
+        term.expect('you> ')
+        provider.fail(400, count=1)
+        term.send('this one fails\n')
+        assert 'error: ' in term.expect('you> ')
+        term.send('\x04')       # Ctrl-D: the person saw the error and left
+        assert term.close() == 0
+    finally:
+        if term.process.poll() is None:
+            term.process.kill()
+
+
 def test_quit_on_a_terminal_leaves_with_status_0(config, unique):
     term = Terminal([sys.executable, '-m', 'llmconn', 'chat', unique, '--config', config])
     try:
