@@ -13,6 +13,11 @@ How a call is counted, exactly once:
   one script that first sets the batch's marker key ``SET NX``: a batch whose
   reply was lost and is sent again is applied once. A batch that cannot be
   written (Redis down) is kept and sent again later, with the same id.
+* A save that failed with a :class:`StoreError` may still have run (its reply
+  lost, the one retry failed too). Such a call is written on its own, by a
+  script that first looks for the save's token among the chat's saved
+  tokens: found, the save script counted the call and only its error is
+  added; not found, all of it.
 * Counters of other hashes (the gateway's, per tenant and day) go the same
   way through :meth:`UsageLedger.add_to`: tallied in process, written in
   marked batches, one per hash.
@@ -38,7 +43,7 @@ from typing import Any, Callable, Iterable, Iterator
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError
 
-from llmconn.errors import LLMConnError, LLMError, LLMTimeout
+from llmconn.errors import LLMConnError, LLMError, LLMTimeout, StoreError
 from llmconn.store.keys import chat_keys
 from llmconn.usage_keys import ERROR_PREFIX, RETENTION_TTL, day_of, field_prefix, ledger_key
 
@@ -60,6 +65,32 @@ for i = 3, #ARGV, 2 do
 end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 return 1
+"""
+
+# Adds the counts of one call whose save may have run, once: when the chat's saved tokens hold
+# the save's token, its script counted the call, and only the pairs it could not count are added.
+#   KEYS[1] - the ledger hash, KEYS[2] - this write's marker, KEYS[3] - the chat's saved tokens
+#   (one slot: the hash is the one the save script would have written)
+#   ARGV[1] - ledger ttl (s), ARGV[2] - marker ttl (s), ARGV[3] - the save's token,
+#   ARGV[4] - how many of the pairs to add when it was saved (they come first),
+#   ARGV[5..] - field, increment, field, ...
+# Returns 0 - written before (nothing done); 1 - not saved: every pair added; 2 - saved: the first ones.
+FLUSH_UNLESS_SAVED = """
+if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[2]) then
+    return 0
+end
+local last, result = #ARGV, 1
+for _, token in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
+    if token == ARGV[3] then
+        last, result = 4 + 2 * tonumber(ARGV[4]), 2
+        break
+    end
+end
+for i = 5, last, 2 do
+    redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return result
 """
 
 _NO_USAGE: dict = {}
@@ -96,13 +127,16 @@ class UsageLedger:
         self.flush_interval = flush_interval
         self._cluster = bool(getattr(store, 'cluster', False))
         self._flush: Any = None                             # registered on first use: connects nothing now
+        self._flush_unless_saved: Any = None
         self._prefixes: dict[tuple, str] = {}
         self._fields: dict[str, tuple] = {}
         self._day: tuple = (0.0, 0.0, '', '')            # start, end, 'YYYY-MM-DD', its ledger key
         self._pending: dict[tuple, dict[str, int]] = {}     # (day, prefix) -> counter -> n
         self._hashes: dict[tuple, dict[str, int]] = {}      # (hash key, ttl) -> field -> n (add_to)
-        # (batch id, day or None, field -> n, (hash key, ttl) or None), oldest first
-        self._unsent: list[tuple[str, str | None, dict, tuple | None]] = []
+        self._uncertain: list[tuple] = []                   # calls whose save may have run, see add_unless_saved
+        # (batch id, day or None, field -> n, (hash key, ttl) or None, (saved tokens key, n) or None),
+        # oldest first
+        self._unsent: list[tuple[str, str | None, dict, tuple | None, tuple | None]] = []
         self._lock = threading.Lock()
         self._flushing = threading.Lock()
         self._wakeup = threading.Event()
@@ -178,6 +212,22 @@ class UsageLedger:
                 tally[name] += n
         self._wake_flusher()
 
+    def add_unless_saved(self, counters: tuple, marker: tuple, prefix: str, counts: dict[str, int],
+                         if_saved: dict[str, int]) -> None:
+        """Add ``counts`` unless the save behind ``counters`` ran, else only ``if_saved``; off the caller's path.
+
+        ``counters`` is what :meth:`save_entry` gave the save, ``marker`` the
+        lock's (saved tokens key, token), see ``ChatLock.saved_marker``.
+        """
+        key, _, ttl = counters
+        saved_key, token = marker
+        first = {prefix + name: n for name, n in if_saved.items() if n}
+        fields = dict(first)
+        fields.update((prefix + name, n) for name, n in counts.items() if n and name not in if_saved)
+        with self._lock:
+            self._uncertain.append((token, None, fields, (key, ttl), (saved_key, len(first))))
+        self._wake_flusher()
+
     def _wake_flusher(self) -> None:
         if self._thread is None:
             if not self._closed:
@@ -206,9 +256,9 @@ class UsageLedger:
 
     def _write_unsent(self) -> bool:
         while self._unsent:
-            batch_id, day, fields, target = self._unsent[0]
+            batch_id, day, fields, target, saved = self._unsent[0]
             try:
-                self._write(batch_id, day, fields, target)
+                self._write(batch_id, day, fields, target, saved)
             except (RedisError, RedisClusterException) as exc:
                 if not self._failing:
                     logger.warning('Could not write usage counts, keeping them to retry: %s', self.store._error(exc))
@@ -230,40 +280,51 @@ class UsageLedger:
 
     def has_unwritten(self) -> bool:
         """Counts of this process not written yet (of any hash)."""
-        return bool(self._pending or self._hashes or self._unsent)
+        return bool(self._pending or self._hashes or self._uncertain or self._unsent)
 
     def pending(self) -> int:
         """Calls counted in this process and not yet written (for tests and the admin page)."""
         with self._lock:
-            pending = sum(t.get('calls', 0) for t in self._pending.values())
-        return pending + sum(v for _, day, fields, _ in self._unsent if day for f, v in fields.items()
-                             if f.endswith(':calls'))
+            pending = sum(t.get('calls', 0) for t in self._pending.values()) + len(self._uncertain)
+        return pending + sum(v for _, day, fields, _, saved in self._unsent if day or saved
+                             for f, v in fields.items() if f.endswith(':calls'))
 
     def _cut_batches(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, {}
             hashes, self._hashes = self._hashes, {}
+            uncertain, self._uncertain = self._uncertain, []
         by_day: dict[str, dict[str, int]] = defaultdict(dict)
         for (day, prefix), tally in pending.items():
             for name, n in tally.items():
                 if n:
                     by_day[day][prefix + name] = n
         for day, fields in sorted(by_day.items()):
-            self._unsent.append((os.urandom(12).hex(), day, fields, None))
+            self._unsent.append((os.urandom(12).hex(), day, fields, None, None))
         for target, tally in hashes.items():
             fields = {name: n for name, n in tally.items() if n}
             if fields:
-                self._unsent.append((os.urandom(12).hex(), None, fields, target))
+                self._unsent.append((os.urandom(12).hex(), None, fields, target, None))
+        self._unsent += uncertain       # each its own write; its id is the save's token
 
-    def _write(self, batch_id: str, day: str | None, fields: dict[str, int], target: tuple | None = None) -> None:
+    def _write(self, batch_id: str, day: str | None, fields: dict[str, int], target: tuple | None = None,
+               saved: tuple | None = None) -> None:
         if target is None:
             key, ttl = ledger_key(day, key_slot(batch_id.encode()) if self._cluster else None), RETENTION_TTL
         else:
             key, ttl = target
         marker = f'{key}:batch:{batch_id}'
         args: list = [ttl, BATCH_MARKER_TTL]
+        if saved is not None:
+            saved_key, if_saved = saved
+            args += (batch_id, if_saved)
         for field, n in fields.items():
             args += (field, n)
+        if saved is not None:
+            if self._flush_unless_saved is None:
+                self._flush_unless_saved = self.store.client.register_script(FLUSH_UNLESS_SAVED)
+            self._flush_unless_saved(keys=(key, marker, saved_key), args=args)
+            return
         if self._flush is None:
             self._flush = self.store.client.register_script(FLUSH)
         self._flush(keys=(key, marker), args=args)
@@ -286,7 +347,7 @@ class UsageLedger:
 
     def _after_fork(self) -> None:
         # The parent's counts are the parent's to write; this child starts empty.
-        self._pending, self._hashes, self._unsent = {}, {}, []
+        self._pending, self._hashes, self._uncertain, self._unsent = {}, {}, [], []
         self._lock, self._flushing = threading.Lock(), threading.Lock()
         self._wakeup = threading.Event()
         self._thread = None
@@ -295,7 +356,7 @@ class UsageLedger:
 class CallTally:
     """The count of one call: in the save script when its turn is saved, else in process."""
 
-    __slots__ = ('ledger', 'prefix', 'result', 'in_script', 'status', 'done')
+    __slots__ = ('ledger', 'prefix', 'result', 'in_script', 'status', 'done', 'saving')
 
     def __init__(self, ledger: UsageLedger, prefix: str) -> None:
         self.ledger = ledger
@@ -304,11 +365,14 @@ class CallTally:
         self.in_script = False              # the save script counted it
         self.status = ''                    # why it failed, when it did
         self.done = False                   # its 'done' event went out: whatever follows, it succeeded
+        self.saving: tuple | None = None    # (counters, lock's saved marker) once its save was sent
 
-    def save_entry(self, conn_name: str, chat_id: str, result: dict) -> tuple:
-        """Hand this to the save; call :meth:`saved` once the save succeeded."""
+    def save_entry(self, conn_name: str, chat_id: str, result: dict, marker: tuple) -> tuple:
+        """Hand this to the save of the lock whose ``saved_marker()`` is ``marker``; then :meth:`saved`."""
         self.result = result
-        return self.ledger.save_entry(conn_name, chat_id, self.prefix, result)
+        counters = self.ledger.save_entry(conn_name, chat_id, self.prefix, result)
+        self.saving = (counters, marker)
+        return counters
 
     def saved(self) -> None:
         self.in_script = True
@@ -343,9 +407,16 @@ class CallTally:
             counts.update(input_tokens=int(usage.get('input_tokens') or 0),
                           output_tokens=int(usage.get('output_tokens') or 0),
                           tool_calls=len(self.result.get('tool_calls') or ()))
-        if self.status:
-            counts.update({'errors': 1, ERROR_PREFIX + self.status: 1})
-        self.ledger.add(self.prefix, counts)
+        if not self.status:
+            self.ledger.add(self.prefix, counts)
+            return
+        error = {'errors': 1, ERROR_PREFIX + self.status: 1}
+        counts.update(error)
+        if self.saving is not None and self.status == StoreError.__name__:
+            # The save may have run (its reply lost): the flush asks the chat whether it did.
+            self.ledger.add_unless_saved(*self.saving, self.prefix, counts, if_saved=error)
+        else:
+            self.ledger.add(self.prefix, counts)
 
 
 class _NoTally:
@@ -356,7 +427,7 @@ class _NoTally:
     def track(self, events: Iterable) -> Iterable:
         return events
 
-    def save_entry(self, conn_name: str, chat_id: str, result: dict) -> None:
+    def save_entry(self, conn_name: str, chat_id: str, result: dict, marker: tuple) -> None:
         return None
 
     def saved(self) -> None:

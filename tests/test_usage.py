@@ -153,6 +153,49 @@ def test_a_turn_whose_save_failed_is_still_counted_once(open_registry, redis_url
     assert row['input_tokens'] == 2 * result['usage']['input_tokens']
 
 
+@pytest.mark.parametrize('ran', [True, False], ids=['save-ran', 'save-never-ran'])
+def test_a_save_that_failed_with_its_outcome_unknown_is_counted_once(open_registry, redis_url, provider, unique,
+                                                                     monkeypatch, ran):
+    # The save's reply is lost and its retry fails too: the caller gets StoreError whether or not the
+    # script ran. The ledger asks the chat (its saved tokens) and counts the call once either way.
+    registry = open_registry(_config(redis_url, provider, unique))
+    store = registry.store
+    finish = store._finish
+
+    def lost_reply(*args, **kwargs):
+        if ran:
+            finish(*args, **kwargs)
+        raise StoreError('Chat store failed (reply lost, test)')
+    monkeypatch.setattr(store, '_finish', lost_reply)
+    with pytest.raises(StoreError):
+        registry[unique].chat('hello', chat_id='c1')
+    monkeypatch.undo()
+    result = registry[unique].invoke('hello')               # what the chat's provider call answered
+    assert registry.usage.flush()
+    [row] = read_usage(store, connection=unique)
+    assert (row['calls'], row['errors'], row['errors_by_status']) == (2, 1, {'StoreError': 1})
+    assert row['input_tokens'] == 2 * result['usage']['input_tokens']
+    assert [t.user for t in store.history(unique, 'c1')] == (['hello'] if ran else [])
+
+
+def test_an_uncertain_save_written_twice_is_counted_once(open_registry, redis_url, provider, unique, monkeypatch):
+    registry = open_registry(_config(redis_url, provider, unique))
+    ledger = registry.usage
+    monkeypatch.setattr(ledger, '_wake_flusher', lambda: None)     # this test writes by hand
+    lock = registry.store.begin(unique, 'c1', window=5, lock_ttl=5, lock_wait=1)
+    counters = ledger.save_entry(unique, 'c1', ledger.prefix(unique, 'm'), {'usage': {'input_tokens': 5}})
+    lock.release()
+    ledger.add_unless_saved(counters, lock.saved_marker(), ledger.prefix(unique, 'm'),
+                            {'calls': 1, 'input_tokens': 5, 'errors': 1, 'error:StoreError': 1},
+                            if_saved={'errors': 1, 'error:StoreError': 1})
+    ledger._cut_batches()
+    [entry] = ledger._unsent
+    ledger._write(*entry)
+    ledger._write(*entry)                                           # sent again after a lost reply
+    [row] = read_usage(registry.store, connection=unique)
+    assert (row['calls'], row['input_tokens'], row['errors']) == (1, 5, 1)
+
+
 def test_calls_that_fail_without_the_provider_count_as_errors_by_their_error(open_registry, redis_url, provider,
                                                                              unique, monkeypatch):
     config = _config(redis_url, provider, unique)

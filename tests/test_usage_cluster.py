@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import Counter
 import sys
 
 import pytest
 import redis
 from redis.crc import key_slot
 
-from llmconn import LLMError, Registry
+from llmconn import LLMError, Registry, StoreError
 from llmconn.cli_admin import list_chats
 from llmconn.store.keys import chat_keys
 from llmconn.usage_keys import USAGE_PREFIX
@@ -108,3 +109,30 @@ def test_the_gateways_tenant_counters_are_written_once_to_their_own_slots(cluste
     assert counts == [{'requests': n + 1, 'input_tokens': 2 * (n + 1), 'output_tokens': 3 * (n + 1)}
                       for n in range(len(tenants))]
     assert len(slots) > 1 and 0 < ttl <= USAGE_EXPIRY
+
+
+def test_a_save_with_its_outcome_unknown_is_settled_in_the_chats_own_slot(cluster, provider, unique, monkeypatch):
+    # The flush asks the chat's saved tokens and writes the slot's ledger hash in one script: on a
+    # cluster all three keys must live in the chat's slot, for chats on every master.
+    registry = Registry.from_dict(_config(cluster, provider, unique))
+    try:
+        store = registry.store
+        finish = store._finish
+        ran = {chat: i % 2 == 0 for i, chat in enumerate(CHATS[:8])}
+        for chat, did_run in ran.items():
+            def lost_reply(*args, did_run=did_run, **kwargs):
+                if did_run:
+                    finish(*args, **kwargs)
+                raise StoreError('Chat store failed (reply lost, test)')
+            monkeypatch.setattr(store, '_finish', lost_reply)
+            with pytest.raises(StoreError):
+                registry[unique].chat('hello', chat_id=chat)
+            monkeypatch.undo()
+        assert registry.usage.flush()
+        rows = read_usage(registry.store, connection=unique)
+        saved = {chat: bool(registry[unique].history(chat)) for chat in ran}
+    finally:
+        registry.close()
+    assert saved == ran
+    assert sum(r['calls'] for r in rows) == sum(r['errors'] for r in rows) == len(ran)
+    assert sum((Counter(r['errors_by_status']) for r in rows), Counter()) == {'StoreError': len(ran)}

@@ -373,6 +373,10 @@ class ChatLock:
         self._store._held.pop(self._token, None)
         self._store._finish(self._keys, (self._token, b'', 0, 0, b'0', b''), durable=False)
 
+    def saved_marker(self) -> tuple[str, str]:
+        """(the chat's saved-tokens list, this lock's token): whether its save ran can be told later."""
+        return self._keys.saved, self._token
+
     def renewed(self) -> tuple:
         """What the renewer needs: (lock key, token, ttl in ms)."""
         return self._keys.lock, self._token, self._ttl_ms
