@@ -178,7 +178,7 @@ class Connection:
 
     def _pipeline(self, call: _Call, tally) -> Iterator[Event]:
         if not call.chat_id:
-            turn = yield from self._turn(call, [], None)
+            turn = yield from self._turn(call, [], None, tally)
             yield Event('done', result=turn.result)
             return
         conf = self.conf
@@ -189,7 +189,7 @@ class Connection:
             window = list(lock.turns)
             pending = window.pop() if window and window[-1].pending else None
             check_pending(pending, call)
-            turn = yield from self._turn(call, window, pending)
+            turn = yield from self._turn(call, window, pending, tally)
             result = turn.result
             lock.save(Turn(user=pending.user if pending else call.text, assistant=turn.text,
                            items=turn.stored_items(), tag=self.provider.tag if turn.stored_items() else '',
@@ -199,8 +199,11 @@ class Connection:
             tally.saved()
             yield Event('done', result=result)
 
-    def _turn(self, call: _Call, window: list[Turn], pending: Turn | None) -> Iterator[Event]:
-        """The tool loop: call, parse, run the tools the model asked for, until it answers."""
+    def _turn(self, call: _Call, window: list[Turn], pending: Turn | None, tally) -> Iterator[Event]:
+        """The tool loop: call, parse, run the tools the model asked for, until it answers.
+
+        Each answered round is told to ``tally``: its tokens count even if a later round fails.
+        """
         chain = self.provider.chain(window)
         base = Request(pending.user if pending else call.text, call.system, (), call.params, call.stream,
                        tools=call.tools, hosted=call.hosted, tag=self.provider.tag)
@@ -211,6 +214,7 @@ class Connection:
                                     f'calls (max_tool_rounds); nothing was saved. Raise max_tool_rounds or '
                                     f'check what the tools answer')
             reply = yield from self._round(chain, chain.request(base, loop.items, loop.last), call.stream)
+            tally.answered(reply)
             loop.add(reply, chain.state(reply))
             for item in reply.calls:
                 if call.stream:

@@ -13,17 +13,21 @@ How a call is counted, exactly once:
   one script that first sets the batch's marker key ``SET NX``: a batch whose
   reply was lost and is sent again is applied once. A batch that cannot be
   written (Redis down) is kept and sent again later, with the same id.
-* A save that failed with a :class:`StoreError` may still have run (its reply
-  lost, the one retry failed too). Such a call is written on its own, by a
-  script that first looks for the save's token among the chat's saved
-  tokens: found, the save script counted the call and only its error is
-  added; not found, all of it.
+* A call that failed or was stopped while its save was on its way (a
+  :class:`StoreError` after a lost reply, Ctrl-C) may have been saved all
+  the same. Such a call is written on its own: the flusher first fences the
+  chat (releases the lock if the call's token still holds it, so that a save
+  still in flight finds it taken and writes nothing), then a script looks
+  for the save's token among the chat's saved tokens: found, the save script
+  counted the call and only its error is added; not found, all of it.
+* A failed call keeps the tokens of the provider rounds that answered.
 * Counters of other hashes (the gateway's, per tenant and day) go the same
   way through :meth:`UsageLedger.add_to`: tallied in process, written in
   marked batches, one per hash.
 * ``close()`` (called by ``Registry.close()``) stops the thread and flushes
   what is left; a program that ends normally without closing its registry
-  (a script that returns, ``sys.exit``) has its ledgers closed at exit. Only
+  (a script that returns, ``sys.exit``, a multiprocessing child whose
+  target returned) has its ledgers closed at exit. Only
   counts still unwritable at that moment are lost, and they are logged
   (numbers only). A process killed outright loses what it had not flushed:
   at most its last ``FLUSH_INTERVAL`` of calls without a saved turn.
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing.util
 import os
 import threading
 import time as mod_time
@@ -43,7 +48,7 @@ from typing import Any, Callable, Iterable, Iterator
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError
 
-from llmconn.errors import LLMConnError, LLMError, LLMTimeout, StoreError
+from llmconn.errors import LLMConnError, LLMError, LLMTimeout, LockLost, StoreError
 from llmconn.store.keys import chat_keys
 from llmconn.usage_keys import ERROR_PREFIX, RETENTION_TTL, day_of, field_prefix, ledger_key
 
@@ -217,23 +222,24 @@ class UsageLedger:
         """Add ``counts`` unless the save behind ``counters`` ran, else only ``if_saved``; off the caller's path.
 
         ``counters`` is what :meth:`save_entry` gave the save, ``marker`` the
-        lock's (saved tokens key, token), see ``ChatLock.saved_marker``.
+        lock's ``saved_marker()``: (saved tokens key, token, fence). The flush
+        runs the fence first, so that a save still in flight cannot land after
+        the saved tokens were read.
         """
         key, _, ttl = counters
-        saved_key, token = marker
+        saved_key, token, fence = marker
         first = {prefix + name: n for name, n in if_saved.items() if n}
         fields = dict(first)
         fields.update((prefix + name, n) for name, n in counts.items() if n and name not in if_saved)
         with self._lock:
-            self._uncertain.append((token, None, fields, (key, ttl), (saved_key, len(first))))
+            self._uncertain.append((token, None, fields, (key, ttl), (saved_key, len(first), fence)))
         self._wake_flusher()
 
     def _wake_flusher(self) -> None:
-        if self._thread is None:
-            if not self._closed:
-                self._start()
-            else:       # a call that was still running when its registry closed (or reloaded its store)
-                self.flush()
+        if self._closed:        # a call that was still running when its registry closed (or reloaded its store)
+            self.flush()
+        elif self._thread is None:
+            self._start()
 
     # -- flushing --------------------------------------------------------------------------------
 
@@ -259,9 +265,10 @@ class UsageLedger:
             batch_id, day, fields, target, saved = self._unsent[0]
             try:
                 self._write(batch_id, day, fields, target, saved)
-            except (RedisError, RedisClusterException) as exc:
+            except (RedisError, RedisClusterException, StoreError) as exc:
                 if not self._failing:
-                    logger.warning('Could not write usage counts, keeping them to retry: %s', self.store._error(exc))
+                    error = exc if isinstance(exc, StoreError) else self.store._error(exc)
+                    logger.warning('Could not write usage counts, keeping them to retry: %s', error)
                 self._failing = True
                 return False
             self._unsent.pop(0)
@@ -316,7 +323,8 @@ class UsageLedger:
         marker = f'{key}:batch:{batch_id}'
         args: list = [ttl, BATCH_MARKER_TTL]
         if saved is not None:
-            saved_key, if_saved = saved
+            saved_key, if_saved, fence = saved
+            fence()             # no save of this token can land from now on; raises while Redis is down
             args += (batch_id, if_saved)
         for field, n in fields.items():
             args += (field, n)
@@ -356,7 +364,7 @@ class UsageLedger:
 class CallTally:
     """The count of one call: in the save script when its turn is saved, else in process."""
 
-    __slots__ = ('ledger', 'prefix', 'result', 'in_script', 'status', 'done', 'saving')
+    __slots__ = ('ledger', 'prefix', 'result', 'in_script', 'status', 'done', 'saving', 'spent')
 
     def __init__(self, ledger: UsageLedger, prefix: str) -> None:
         self.ledger = ledger
@@ -366,6 +374,7 @@ class CallTally:
         self.status = ''                    # why it failed, when it did
         self.done = False                   # its 'done' event went out: whatever follows, it succeeded
         self.saving: tuple | None = None    # (counters, lock's saved marker) once its save was sent
+        self.spent = [0, 0, 0]              # input, output tokens and tool calls of the rounds answered so far
 
     def save_entry(self, conn_name: str, chat_id: str, result: dict, marker: tuple) -> tuple:
         """Hand this to the save of the lock whose ``saved_marker()`` is ``marker``; then :meth:`saved`."""
@@ -376,6 +385,13 @@ class CallTally:
 
     def saved(self) -> None:
         self.in_script = True
+
+    def answered(self, reply: Any) -> None:
+        """A provider round answered: its tokens are spent, whatever happens to the call next."""
+        spent = self.spent
+        spent[0] += reply.input_tokens
+        spent[1] += reply.output_tokens
+        spent[2] += len(reply.calls)
 
     def track(self, events: Iterable) -> Iterator:
         """Pass the call's events through, and count the call once it ends, however it ends."""
@@ -402,18 +418,21 @@ class CallTally:
         if self.in_script or (self.result is None and not self.status):
             return          # counted by the save script, or never started
         counts = {'calls': 1}
-        if self.result is not None:     # the provider answered: its tokens were spent, whatever came next
+        if self.result is not None:
             usage = self.result.get('usage') or {}
             counts.update(input_tokens=int(usage.get('input_tokens') or 0),
                           output_tokens=int(usage.get('output_tokens') or 0),
                           tool_calls=len(self.result.get('tool_calls') or ()))
+        else:                           # the rounds answered before it failed: their tokens were spent
+            counts.update(input_tokens=self.spent[0], output_tokens=self.spent[1], tool_calls=self.spent[2])
         if not self.status:
             self.ledger.add(self.prefix, counts)
             return
         error = {'errors': 1, ERROR_PREFIX + self.status: 1}
         counts.update(error)
-        if self.saving is not None and self.status == StoreError.__name__:
-            # The save may have run (its reply lost): the flush asks the chat whether it did.
+        if self.saving is not None and self.status != LockLost.__name__:
+            # It failed (or was stopped) while its save was on its way: the save may have run, its
+            # reply lost. The flush asks the chat whether it did. (LockLost: it did not.)
             self.ledger.add_unless_saved(*self.saving, self.prefix, counts, if_saved=error)
         else:
             self.ledger.add(self.prefix, counts)
@@ -431,6 +450,9 @@ class _NoTally:
         return None
 
     def saved(self) -> None:
+        pass
+
+    def answered(self, reply: Any) -> None:
         pass
 
 
@@ -461,5 +483,12 @@ def _close_at_exit() -> None:
             ledger.close()
 
 
+def _close_at_multiprocessing_exit(_: object) -> None:
+    # A multiprocessing child (fork, forkserver) ends with os._exit, past atexit; its exit runs
+    # the finalizers registered in it instead.
+    multiprocessing.util.Finalize(None, _close_at_exit, exitpriority=0)
+
+
 os.register_at_fork(after_in_child=_forget_parent_state)
 atexit.register(_close_at_exit)
+multiprocessing.util.register_after_fork(_ledgers, _close_at_multiprocessing_exit)

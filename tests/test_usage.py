@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from redis.crc import key_slot
 
-from llmconn import ChatBusy, LLMError, LockLost, Registry, StoreError
+from llmconn import ChatBusy, LLMError, LockLost, Registry, StoreError, ToolLoopLimit
 from llmconn.store.keys import chat_keys
 from llmconn.usage import UsageLedger
 from llmconn.usage_keys import ledger_key, slot_tags
@@ -176,6 +176,75 @@ def test_a_save_that_failed_with_its_outcome_unknown_is_counted_once(open_regist
     assert (row['calls'], row['errors'], row['errors_by_status']) == (2, 1, {'StoreError': 1})
     assert row['input_tokens'] == 2 * result['usage']['input_tokens']
     assert [t.user for t in store.history(unique, 'c1')] == (['hello'] if ran else [])
+
+
+def test_a_save_still_in_flight_when_the_call_is_settled_cannot_land_afterwards(open_registry, redis_url, provider,
+                                                                                 unique, monkeypatch):
+    # The save is held up in the network: the caller gets StoreError, the flusher settles the call
+    # (all of it counted), and then the held save arrives. The flusher's fence released the lock
+    # first, so the late save finds it taken and writes nothing: no turn, no second count.
+    registry = open_registry(_config(redis_url, provider, unique))
+    store = registry.store
+    finish, held = store._finish, []
+
+    def held_up(keys, args, **kwargs):
+        if args[1]:                                     # the save (a release has no turn)
+            held.append((keys, args, kwargs))
+            raise StoreError('Chat store failed (timed out, test)')
+        return finish(keys, args, **kwargs)
+    monkeypatch.setattr(store, '_finish', held_up)
+    with pytest.raises(StoreError):
+        registry[unique].chat('hello', chat_id='c1')
+    monkeypatch.undo()
+    # The call's release did reach Redis here; play the worst case, a release lost too: the lock
+    # still holds the call's token when the held save arrives.
+    keys, args, kwargs = held[0]
+    store._runner.client.set(keys.lock, args[0], px=30000)
+    assert registry.usage.flush()
+    assert finish(keys, args, **kwargs) == 0                # the late save: not ours any more
+    assert store.history(unique, 'c1') == []
+    [row] = read_usage(store, connection=unique)
+    assert (row['calls'], row['errors'], row['errors_by_status']) == (1, 1, {'StoreError': 1})
+
+
+def test_a_call_stopped_while_its_save_ran_is_counted_once(open_registry, redis_url, provider, unique, monkeypatch):
+    # Ctrl-C (or a killed greenlet) while the save's reply is on its way: the save ran and counted
+    # the call; the flush finds its token and adds only the stop.
+    registry = open_registry(_config(redis_url, provider, unique))
+    store = registry.store
+    finish = store._finish
+
+    def interrupted(keys, args, **kwargs):
+        result = finish(keys, args, **kwargs)
+        if args[1]:
+            raise KeyboardInterrupt
+        return result
+    monkeypatch.setattr(store, '_finish', interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        registry[unique].chat('hello', chat_id='c1')
+    monkeypatch.undo()
+    result = registry[unique].invoke('hello')
+    assert registry.usage.flush()
+    [row] = read_usage(store, connection=unique)
+    assert (row['calls'], row['errors'], row['errors_by_status']) == (2, 1, {'cancelled': 1})
+    assert row['input_tokens'] == 2 * result['usage']['input_tokens']
+    assert [t.user for t in store.history(unique, 'c1')] == ['hello']
+
+
+def test_the_rounds_a_failed_tool_turn_was_answered_keep_their_tokens(open_registry, redis_url, provider, unique):
+    def again() -> str:
+        """Asks for itself again."""
+        return 'call again {}'
+
+    config = _config(redis_url, provider, unique)
+    config['llm'][0]['max_tool_rounds'] = 2
+    registry = open_registry(config)
+    with pytest.raises(ToolLoopLimit):
+        registry[unique].chat('call again {}', chat_id='loop', tools=[again])
+    assert registry.usage.flush()
+    [row] = read_usage(registry.store, connection=unique)
+    assert (row['calls'], row['errors_by_status']) == (1, {'ToolLoopLimit': 1})
+    assert row['input_tokens'] > 0 and row['output_tokens'] > 0 and row['tool_calls'] == 2
 
 
 def test_an_uncertain_save_written_twice_is_counted_once(open_registry, redis_url, provider, unique, monkeypatch):
@@ -366,10 +435,47 @@ def test_a_long_outage_keeps_one_batch_per_day_not_one_per_flush(open_registry, 
     assert _totals(registry.store, unique)['calls'] == 5
 
 
-def test_a_call_finishing_after_its_registry_closed_is_still_written(redis_url, provider, unique):
+@pytest.mark.parametrize('flusher_ran', [False, True], ids=['flusher-never-started', 'flusher-had-run'])
+def test_a_call_finishing_after_its_registry_closed_is_still_written(redis_url, provider, unique, flusher_ran):
     registry = Registry.from_dict(_config(redis_url, provider, unique))
+    if flusher_ran:
+        registry[unique].invoke('starts the flusher')
     events = registry[unique].stream('slow one')
     next(events)
     registry.close()
     list(events)
-    assert _totals(registry.store, unique)['calls'] == 1
+    assert registry.usage.pending() == 0
+    assert _totals(registry.store, unique)['calls'] == 1 + flusher_ran
+
+
+CHILD = '''
+import json, multiprocessing, sys
+from llmconn import Registry
+
+def work(config):
+    registry = Registry.from_dict(config)       # never closed: the child's exit must write its counts
+    for i in range(3):
+        registry[config['llm'][0]['name']].invoke(f'child {i}')
+
+if __name__ == '__main__':
+    context = multiprocessing.get_context(sys.argv[2])
+    child = context.Process(target=work, args=(json.loads(sys.argv[1]),))
+    child.start()
+    child.join()
+    sys.exit(child.exitcode)
+'''
+
+
+@pytest.mark.parametrize('method', ['fork', 'forkserver', 'spawn'])
+def test_a_multiprocessing_child_that_returns_writes_its_counts(tmp_path, redis_url, provider, unique, method):
+    # fork and forkserver children end with os._exit, past atexit: their exit runs finalizers.
+    script = tmp_path / 'child.py'
+    script.write_text(CHILD)
+    done = subprocess.run([sys.executable, str(script), json.dumps(_config(redis_url, provider, unique)), method],
+                          capture_output=True, text=True, timeout=90, env=dict(os.environ, PYTHONPATH=str(HERE.parent)))
+    assert done.returncode == 0, done.stderr
+    registry = Registry.from_dict(_config(redis_url, provider, unique))
+    try:
+        assert _totals(registry.store, unique)['calls'] == 3
+    finally:
+        registry.close()

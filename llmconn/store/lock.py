@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from typing import TYPE_CHECKING, Callable
 
 from llmconn.errors import ChatBusy, LockLost, StoreError
@@ -298,6 +299,11 @@ _formats: dict[tuple, str] = {}         # (*fields, expiry) -> FINISH's ARGV[7] 
 MAX_FORMATS = 1024                      # field sets are per connection, model and key: few
 
 
+def _fence(store: 'ChatStore', keys: 'ChatKeys', token: str) -> None:
+    """Release ``token``'s hold on the chat, if it still has one (see :meth:`ChatLock.saved_marker`)."""
+    store._finish(keys, (token, b'', 0, 0, b'0', b''), durable=False)
+
+
 def _increments(increments: dict, expiry: float) -> str:
     """FINISH's ARGV[7]: the expiry, then each field and its increment, space-separated.
 
@@ -373,9 +379,12 @@ class ChatLock:
         self._store._held.pop(self._token, None)
         self._store._finish(self._keys, (self._token, b'', 0, 0, b'0', b''), durable=False)
 
-    def saved_marker(self) -> tuple[str, str]:
-        """(the chat's saved-tokens list, this lock's token): whether its save ran can be told later."""
-        return self._keys.saved, self._token
+    def saved_marker(self) -> tuple:
+        """How to tell later whether this lock's save ran: (the chat's saved-tokens list, this lock's
+        token, a fence). The fence releases the lock if this token still holds it, so that a save of
+        it still in flight (sent, not yet arrived) finds the lock taken and writes nothing; only then
+        do the saved tokens say for good whether it ran."""
+        return self._keys.saved, self._token, partial(_fence, self._store, self._keys, self._token)
 
     def renewed(self) -> tuple:
         """What the renewer needs: (lock key, token, ttl in ms)."""
