@@ -195,7 +195,7 @@ class Connection:
                            items=turn.stored_items(), tag=self.provider.tag if turn.stored_items() else '',
                            state=turn.state, ts=mod_time.time(), meta=turn.last.meta),
                       expiry=conf.chat_expiry, max_turns=conf.max_stored_turns, replace_last=pending is not None,
-                      counters=tally.save_entry(self.name, call.chat_id, result, lock.saved_marker()))
+                      counters=tally.save_entry(self.name, call.chat_id, result, lock))
             tally.saved()
             yield Event('done', result=result)
 

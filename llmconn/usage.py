@@ -373,14 +373,14 @@ class CallTally:
         self.in_script = False              # the save script counted it
         self.status = ''                    # why it failed, when it did
         self.done = False                   # its 'done' event went out: whatever follows, it succeeded
-        self.saving: tuple | None = None    # (counters, lock's saved marker) once its save was sent
+        self.saving: tuple | None = None    # (counters, the chat's lock) once its save was sent
         self.spent = [0, 0, 0]              # input, output tokens and tool calls of the rounds answered so far
 
-    def save_entry(self, conn_name: str, chat_id: str, result: dict, marker: tuple) -> tuple:
-        """Hand this to the save of the lock whose ``saved_marker()`` is ``marker``; then :meth:`saved`."""
+    def save_entry(self, conn_name: str, chat_id: str, result: dict, lock: Any) -> tuple:
+        """Hand this to ``lock``'s save; call :meth:`saved` once the save succeeded."""
         self.result = result
         counters = self.ledger.save_entry(conn_name, chat_id, self.prefix, result)
-        self.saving = (counters, marker)
+        self.saving = (counters, lock)
         return counters
 
     def saved(self) -> None:
@@ -433,7 +433,8 @@ class CallTally:
         if self.saving is not None and self.status != LockLost.__name__:
             # It failed (or was stopped) while its save was on its way: the save may have run, its
             # reply lost. The flush asks the chat whether it did. (LockLost: it did not.)
-            self.ledger.add_unless_saved(*self.saving, self.prefix, counts, if_saved=error)
+            counters, lock = self.saving
+            self.ledger.add_unless_saved(counters, lock.saved_marker(), self.prefix, counts, if_saved=error)
         else:
             self.ledger.add(self.prefix, counts)
 
@@ -446,7 +447,7 @@ class _NoTally:
     def track(self, events: Iterable) -> Iterable:
         return events
 
-    def save_entry(self, conn_name: str, chat_id: str, result: dict, marker: tuple) -> None:
+    def save_entry(self, conn_name: str, chat_id: str, result: dict, lock: Any) -> None:
         return None
 
     def saved(self) -> None:
