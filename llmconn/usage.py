@@ -131,16 +131,15 @@ class UsageLedger:
         self.clock = clock
         self.flush_interval = flush_interval
         self._cluster = bool(getattr(store, 'cluster', False))
-        self._flush: Any = None                             # registered on first use: connects nothing now
-        self._flush_unless_saved: Any = None
+        self._scripts: dict[str, Any] = {}                  # registered on first use: connects nothing now
         self._prefixes: dict[tuple, str] = {}
         self._fields: dict[str, tuple] = {}
         self._day: tuple = (0.0, 0.0, '', '')            # start, end, 'YYYY-MM-DD', its ledger key
         self._pending: dict[tuple, dict[str, int]] = {}     # (day, prefix) -> counter -> n
         self._hashes: dict[tuple, dict[str, int]] = {}      # (hash key, ttl) -> field -> n (add_to)
         self._uncertain: list[tuple] = []                   # calls whose save may have run, see add_unless_saved
-        # (batch id, day or None, field -> n, (hash key, ttl) or None, (saved tokens key, n) or None),
-        # oldest first
+        # (batch id, day or None, field -> n, (hash key, ttl) or None,
+        #  (saved tokens key, pairs to add if saved, fence) or None), oldest first
         self._unsent: list[tuple[str, str | None, dict, tuple | None, tuple | None]] = []
         self._lock = threading.Lock()
         self._flushing = threading.Lock()
@@ -321,21 +320,20 @@ class UsageLedger:
         else:
             key, ttl = target
         marker = f'{key}:batch:{batch_id}'
-        args: list = [ttl, BATCH_MARKER_TTL]
-        if saved is not None:
-            saved_key, if_saved, fence = saved
-            fence()             # no save of this token can land from now on; raises while Redis is down
-            args += (batch_id, if_saved)
-        for field, n in fields.items():
-            args += (field, n)
-        if saved is not None:
-            if self._flush_unless_saved is None:
-                self._flush_unless_saved = self.store.client.register_script(FLUSH_UNLESS_SAVED)
-            self._flush_unless_saved(keys=(key, marker, saved_key), args=args)
+        pairs = [item for pair in fields.items() for item in pair]
+        if saved is None:
+            self._script(FLUSH)(keys=(key, marker), args=[ttl, BATCH_MARKER_TTL, *pairs])
             return
-        if self._flush is None:
-            self._flush = self.store.client.register_script(FLUSH)
-        self._flush(keys=(key, marker), args=args)
+        saved_key, if_saved, fence = saved
+        fence()             # no save of this token can land from now on; raises while Redis is down
+        self._script(FLUSH_UNLESS_SAVED)(keys=(key, marker, saved_key),
+                                         args=[ttl, BATCH_MARKER_TTL, batch_id, if_saved, *pairs])
+
+    def _script(self, source: str) -> Any:
+        script = self._scripts.get(source)
+        if script is None:
+            script = self._scripts[source] = self.store.client.register_script(source)
+        return script
 
     def _start(self) -> None:
         with self._lock:

@@ -295,13 +295,13 @@ def _leave(store: 'ChatStore', keys: 'ChatKeys', token: str, entry: bytes) -> No
         logger.warning('Could not leave the queue of a busy chat; its entry lapses by itself: %s', exc)
 
 
+def _fence(store: 'ChatStore', keys: 'ChatKeys', token: str) -> None:
+    """Release ``token``'s hold on the chat, if it still has one, and hand it to the next waiter."""
+    store._finish(keys, (token, b'', 0, 0, b'0', b''), durable=False)
+
+
 _formats: dict[tuple, str] = {}         # (*fields, expiry) -> FINISH's ARGV[7] with %d for each increment
 MAX_FORMATS = 1024                      # field sets are per connection, model and key: few
-
-
-def _fence(store: 'ChatStore', keys: 'ChatKeys', token: str) -> None:
-    """Release ``token``'s hold on the chat, if it still has one (see :meth:`ChatLock.saved_marker`)."""
-    store._finish(keys, (token, b'', 0, 0, b'0', b''), durable=False)
 
 
 def _increments(increments: dict, expiry: float) -> str:
@@ -377,7 +377,7 @@ class ChatLock:
             return
         self._open = False
         self._store._held.pop(self._token, None)
-        self._store._finish(self._keys, (self._token, b'', 0, 0, b'0', b''), durable=False)
+        _fence(self._store, self._keys, self._token)
 
     def saved_marker(self) -> tuple:
         """How to tell later whether this lock's save ran: (the chat's saved-tokens list, this lock's
