@@ -10,6 +10,9 @@
     llmconn_lock_wait_seconds{connection}              waits for the chat lock (0: free), ChatBusy ones too
     llmconn_input_tokens_total{connection}             tokens sent, as the providers counted them
     llmconn_output_tokens_total{connection}            tokens received
+    llmconn_cache_read_tokens_total{connection}        input tokens read from the provider's prompt cache
+    llmconn_cache_write_tokens_total{connection}       input tokens written to it
+    llmconn_reasoning_tokens_total{connection}         output tokens spent on reasoning
     llmconn_store_errors_total{error}                  chat store failures, by redis exception class
     llmconn_services_deployed                          services this host serves
 
@@ -96,6 +99,12 @@ class Metrics(Observer):
                                     ['connection'], registry=reg)
         self.output_tokens = Counter('llmconn_output_tokens', 'Output tokens, as the providers counted them',
                                      ['connection'], registry=reg)
+        self.cache_read_tokens = Counter('llmconn_cache_read_tokens', 'Input tokens read from the provider\'s '
+                                         'prompt cache (part of the input tokens)', ['connection'], registry=reg)
+        self.cache_write_tokens = Counter('llmconn_cache_write_tokens', 'Input tokens written to the provider\'s '
+                                          'prompt cache (part of the input tokens)', ['connection'], registry=reg)
+        self.reasoning_tokens = Counter('llmconn_reasoning_tokens', 'Output tokens spent on reasoning (part of '
+                                        'the output tokens)', ['connection'], registry=reg)
         self.store_errors = Counter('llmconn_store_errors', 'Chat store failures, by redis exception class',
                                     ['error'], registry=reg)
         self.deployed = Gauge('llmconn_services_deployed', 'Services this host serves', registry=reg,
@@ -132,11 +141,17 @@ class Metrics(Observer):
     def store_error(self, error: str) -> None:
         self._inc(self.store_errors, (error,))
 
-    def call_done(self, connection: str, input_tokens: int, output_tokens: int) -> None:
+    def call_done(self, connection: str, input_tokens: int, output_tokens: int, usage: dict | None = None) -> None:
         if input_tokens:
             self._inc(self.input_tokens, (connection,), input_tokens)
         if output_tokens:
             self._inc(self.output_tokens, (connection,), output_tokens)
+        if usage:
+            for metric, key in ((self.cache_read_tokens, 'cache_read_tokens'),
+                                (self.cache_write_tokens, 'cache_write_tokens'),
+                                (self.reasoning_tokens, 'reasoning_tokens')):
+                if usage.get(key):
+                    self._inc(metric, (connection,), usage[key])
 
     def call_failed(self, connection: str, error: str) -> None:
         self._inc(self.errors, (connection, error))

@@ -46,8 +46,9 @@ class Observer:
     def store_error(self, error: str) -> None:
         """The chat store failed (``error``: the redis exception's class name)."""
 
-    def call_done(self, connection: str, input_tokens: int, output_tokens: int) -> None:
-        """An invoke, chat or stream call finished with this usage."""
+    def call_done(self, connection: str, input_tokens: int, output_tokens: int, usage: dict | None = None) -> None:
+        """An invoke, chat or stream call finished with this usage (``usage``: the result's whole
+        usage, cache and reasoning counts included)."""
 
     def call_failed(self, connection: str, error: str) -> None:
         """An invoke, chat or stream call raised ``error`` (an exception class name, e.g. ``ChatBusy``)."""
@@ -154,7 +155,7 @@ def _watched(observer: Observer, connection: str, events: Iterator) -> Iterator:
             if event.type == 'done':
                 usage = (event.result or {}).get('usage') or {}
                 input_tokens, output_tokens = usage.get('input_tokens') or 0, usage.get('output_tokens') or 0
-                observer.call_done(connection, input_tokens, output_tokens)
+                observer.call_done(connection, input_tokens, output_tokens, usage)
                 if tally is not None:
                     tally.input_tokens += input_tokens
                     tally.output_tokens += output_tokens

@@ -13,7 +13,7 @@ from typing import Any
 
 from llmconn import items as mod_items
 from llmconn.errors import InvalidInput
-from llmconn.types import Reply, Turn
+from llmconn.types import Reply, Turn, add_usage
 
 
 class TurnLoop:
@@ -23,7 +23,7 @@ class TurnLoop:
         self.items: list[dict] = []
         self.last: Reply | None = None
         self.rounds = 0
-        self.usage = [0, 0]
+        self.usage: dict = {}
         self.waiting = False
         self.state: dict = {}
         if pending is not None:
@@ -37,8 +37,7 @@ class TurnLoop:
 
     def add(self, reply: Reply, state: dict) -> None:
         self.rounds += 1
-        self.usage[0] += reply.input_tokens
-        self.usage[1] += reply.output_tokens
+        add_usage(self.usage, reply.usage)
         self.items += list(reply.steps) or [mod_items.text(reply.text)]
         self.last = reply
         self.state = state
@@ -56,7 +55,7 @@ class TurnLoop:
     def result(self) -> dict:
         result = self.last.as_result()
         result['text'] = self.text
-        result['usage'] = {'input_tokens': self.usage[0], 'output_tokens': self.usage[1]}
+        result['usage'] = add_usage({}, self.usage)
         result['rounds'] = self.rounds
         calls = mod_items.tool_calls(self.items)
         if calls:

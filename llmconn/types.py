@@ -78,6 +78,19 @@ class Request:
     tag: str = ''                       # the tag of ``items``' natives (always this provider's)
 
 
+# The counts a call's usage holds (SPEC §17), 0 when the provider reports none. ``input_tokens``
+# is the whole input, cached or not; the cache counts are the parts of it read from and written to
+# the provider's prompt cache; ``reasoning_tokens`` the part of ``output_tokens`` spent thinking.
+USAGE_KEYS = ('input_tokens', 'output_tokens', 'cache_read_tokens', 'cache_write_tokens', 'reasoning_tokens')
+
+
+def add_usage(total: dict, usage: dict) -> dict:
+    """``total`` with ``usage`` added to it, key by key (a tool loop's rounds, a stream's rounds)."""
+    for key in USAGE_KEYS:
+        total[key] = total.get(key, 0) + (usage.get(key) or 0)
+    return total
+
+
 @dataclass(frozen=True)
 class Reply:
     """A provider's complete answer, normalized."""
@@ -85,6 +98,9 @@ class Reply:
     text: str
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
     raw: Any = None
     thinking: str = ''
     items: tuple = ()                   # opaque natives (thinking, reasoning) the answer carried
@@ -97,11 +113,16 @@ class Reply:
     def calls(self) -> list[dict]:
         return mod_items.calls(self.steps)
 
+    @property
+    def usage(self) -> dict:
+        """This answer's counts, every key of :data:`USAGE_KEYS`."""
+        return {key: getattr(self, key) for key in USAGE_KEYS}
+
     def as_result(self) -> dict:
         """The plain dict ``invoke``, ``chat`` and the ``done`` event return."""
         result = {
             'text': self.text,
-            'usage': {'input_tokens': self.input_tokens, 'output_tokens': self.output_tokens},
+            'usage': self.usage,
             'raw': self.raw,
         }
         if self.model:

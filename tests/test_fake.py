@@ -14,7 +14,7 @@ def test_queued_replies_come_back_in_order_then_the_echo():
     assert conn.invoke('a')['text'] == 'first'
     second = conn.invoke('b')
     assert (second['text'], second['model']) == ('second', 'm1')
-    assert second['usage'] == {'input_tokens': 1, 'output_tokens': 1}
+    assert second['usage'] == {'input_tokens': 1, 'output_tokens': 1, 'cache_read_tokens': 0, 'cache_write_tokens': 0, 'reasoning_tokens': 0}
     assert conn.invoke('c d', skill='helper')['text'] == 'echo: c d | users: 1 | previous: - | system: yes'
 
 

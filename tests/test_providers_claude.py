@@ -140,7 +140,8 @@ def test_parse_response_text_usage_and_ids():
     assert (reply.text, reply.input_tokens, reply.output_tokens) == ('Hello Ann', 15, 4)
     assert reply.raw is body and reply.response_id == 'msg_01' and reply.model == 'claude-sonnet-5-5'
     assert reply.items == () and reply.thinking == ''
-    assert reply.as_result()['usage'] == {'input_tokens': 15, 'output_tokens': 4}
+    assert reply.as_result()['usage'] == {'input_tokens': 15, 'output_tokens': 4, 'cache_read_tokens': 5,
+                                            'cache_write_tokens': 0, 'reasoning_tokens': 0}
 
 
 def test_parse_response_keeps_thinking_blocks_verbatim():

@@ -96,13 +96,22 @@ def test_response_template_sees_body_status_and_headers_and_its_extras_are_kept(
     provider = template(response_template=(
         '{% set r = body | fromjson %}{"choices": [{"message": {"role": "assistant", "content": {{ r.text | tojson }}, '
         '"thread_id": {{ headers["x-thread"] | tojson }}, "status": {{ status_code }}}}], '
-        '"usage": {"num_prompt_tokens": 3, "num_completion_tokens": 4}}'))
+        '"usage": {"num_prompt_tokens": 3, "num_completion_tokens": 4, "num_cached_tokens": 2, '
+        '"num_reasoning_tokens": 1}}'))
     reply = provider.parse_response(answer({'text': 'hello'}, 201, {'x-thread': 'th_9'}))
     assert (reply.text, reply.input_tokens, reply.output_tokens) == ('hello', 3, 4)
     assert reply.meta == {'thread_id': 'th_9', 'status': 201}
     assert reply.raw == {'text': 'hello'}
-    assert reply.as_result() == {'text': 'hello', 'usage': {'input_tokens': 3, 'output_tokens': 4},
-                                 'raw': {'text': 'hello'}}
+    assert reply.as_result() == {'text': 'hello', 'raw': {'text': 'hello'}, 'usage': {
+        'input_tokens': 3, 'output_tokens': 4, 'cache_read_tokens': 2, 'cache_write_tokens': 0, 'reasoning_tokens': 1}}
+
+
+def test_a_usage_detail_that_is_not_a_count_names_the_key():
+    provider = template(response_template=(
+        '{"choices": [{"message": {"role": "assistant", "content": "x"}}], '
+        '"usage": {"num_prompt_tokens": 3, "num_completion_tokens": 4, "num_cached_tokens": "2"}}'))
+    with pytest.raises(LLMError, match='num_cached_tokens as counts'):
+        provider.parse_response(answer({'text': 'hello'}, 200, {}))
 
 
 def test_usage_is_optional_and_a_body_that_is_not_json_is_raw_text():

@@ -501,7 +501,7 @@ def test_sse_events_reach_the_client_while_the_provider_is_still_answering(gated
     assert [k for k, _ in rest][-1] == 'done' and [k for k, _ in rest].count('done') == 1
     done = rest[-1][1]
     assert done['text'] == 'first ' + ''.join(GatedClaude.DELTAS_AFTER_GATE)
-    assert done['usage'] == {'input_tokens': 3, 'output_tokens': 5} and 'raw' not in done
+    assert done['usage'] == {'input_tokens': 3, 'output_tokens': 5, 'cache_read_tokens': 0, 'cache_write_tokens': 0, 'reasoning_tokens': 0} and 'raw' not in done
 
 
 def test_sse_client_disconnect_saves_nothing_and_frees_the_chat(gated):

@@ -111,13 +111,15 @@ def test_chat_completions_stream_asks_for_usage(make, provider):
     _, result = drain(conn.stream('count me'))
     body = provider.requests[-1]['body']
     assert body['stream'] is True and body['stream_options'] == {'include_usage': True}
-    assert result['usage'] == {'input_tokens': 2, 'output_tokens': len(result['text'].split())}
+    assert result['usage'] == {'input_tokens': 2, 'output_tokens': len(result['text'].split()),
+                               'cache_read_tokens': 0, 'cache_write_tokens': 0, 'reasoning_tokens': 0}
 
 
 def test_claude_stream_usage_is_message_start_input_and_message_delta_output(make):
     _, result = drain(make('claude').stream('one two three'))
     # message_start says 1 output token so far; message_delta's total replaces it.
-    assert result['usage'] == {'input_tokens': 3, 'output_tokens': len(result['text'].split())}
+    assert result['usage'] == {'input_tokens': 3, 'output_tokens': len(result['text'].split()),
+                               'cache_read_tokens': 0, 'cache_write_tokens': 0, 'reasoning_tokens': 0}
 
 
 def test_gemini_streams_from_stream_generate_content_as_sse(make, provider):

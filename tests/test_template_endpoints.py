@@ -79,7 +79,7 @@ def test_responses_template_sends_the_state_id_and_only_new_messages_in_sdk_vali
     # The provider kept the conversation: it saw all three user messages, and the skill each time.
     assert replies[2]['text'] == 'echo: what is my name? | users: 3 | previous: what is 2+2? | system: yes'
     assert replies[2]['usage'] == {'input_tokens': replies[2]['raw']['usage']['input_tokens'],
-                                   'output_tokens': replies[2]['raw']['usage']['output_tokens']}
+                                   'output_tokens': replies[2]['raw']['usage']['output_tokens'], 'cache_read_tokens': 0, 'cache_write_tokens': 0, 'reasoning_tokens': 0}
     assert conn.history('c') == [m for text, reply in zip(texts, replies)
                                  for m in ({'role': 'user', 'content': text},
                                            {'role': 'assistant', 'content': reply['text']})]

@@ -645,8 +645,8 @@ def test_gemini_end_to_end_when_the_server_ignores_alt_sse(server):
     server.script = [(200, {'content-type': 'application/json; charset=UTF-8'}, json.dumps(chunks).encode())]
     events = list(connection(server, 'gemini', 'gemini-2.5-flash').stream('hi'))
     assert [(e.type, e.text) for e in events[:-1]] == [('text', 'Hel'), ('text', 'lo')]
-    assert events[-1].result['text'] == 'Hello' and events[-1].result['usage'] == {'input_tokens': 2,
-                                                                                     'output_tokens': 1}
+    assert events[-1].result['text'] == 'Hello' and events[-1].result['usage'] == {
+        'input_tokens': 2, 'output_tokens': 1, 'cache_read_tokens': 0, 'cache_write_tokens': 0, 'reasoning_tokens': 0}
     assert server.received[0][0] == '/models/gemini-2.5-flash:streamGenerateContent?alt=sse'
 
 
@@ -657,7 +657,7 @@ def test_openai_end_to_end_when_the_server_ignores_stream(server):
     server.script = [(200, {'content-type': 'application/json'}, json.dumps(body).encode())]
     events = list(connection(server, 'openai', 'llama3.2').stream('hi'))
     assert [(e.type, e.text) for e in events] == [('text', 'Whole'), ('done', '')]
-    assert events[-1].result['usage'] == {'input_tokens': 3, 'output_tokens': 1}
+    assert events[-1].result['usage'] == {'input_tokens': 3, 'output_tokens': 1, 'cache_read_tokens': 0, 'cache_write_tokens': 0, 'reasoning_tokens': 0}
     assert json.loads(server.received[0][2])['stream'] is True
 
 
@@ -666,7 +666,8 @@ def test_claude_end_to_end_stream_with_crlf_no_event_lines_and_no_final_blank_li
     raw = '\r\n\r\n'.join(f'data:{e.data}' for e in events).encode()
     server.script = [(200, {'content-type': 'text/event-stream; charset=utf-8'}, [raw[:40], raw[40:]])]
     result = list(connection(server, 'claude', 'claude-sonnet-5-5').stream('hi'))[-1].result
-    assert result['text'] == 'Hi' and result['usage'] == {'input_tokens': 5, 'output_tokens': 4}
+    assert result['text'] == 'Hi' and result['usage'] == {'input_tokens': 5, 'output_tokens': 4,
+                                                             'cache_read_tokens': 0, 'cache_write_tokens': 0, 'reasoning_tokens': 0}
 
 
 # ---- a surrogate pair split between two stream events (a mock server and LiteLLM's /v1/messages do it)

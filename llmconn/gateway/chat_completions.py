@@ -87,7 +87,10 @@ def _finish_reason(status: str, calls: list) -> str:
 
 def _usage(reply: Any) -> dict:
     return {'prompt_tokens': reply.input_tokens, 'completion_tokens': reply.output_tokens,
-            'total_tokens': reply.input_tokens + reply.output_tokens}
+            'total_tokens': reply.input_tokens + reply.output_tokens,
+            'prompt_tokens_details': {'cached_tokens': reply.cache_read_tokens,
+                                      'cache_write_tokens': reply.cache_write_tokens},
+            'completion_tokens_details': {'reasoning_tokens': reply.reasoning_tokens}}
 
 
 def complete(gw: Any, call: ChatCall) -> dict:
@@ -162,7 +165,7 @@ def _remember(gw: Any, call: ChatCall, reply: Any) -> list:
 
 
 def _count(gw: Any, call: ChatCall, status: str, reply: Any, calls: list = ()) -> None:
-    usage = {'input_tokens': reply.input_tokens, 'output_tokens': reply.output_tokens} if reply else {}
+    usage = reply.usage if reply else {}
     try:
         gw.ledger.count({'tenant': call.key.tenant, 'key_id': call.key.id, 'model': call.model,
                          'status': status, 'usage': usage, 'created_at': call.created,

@@ -37,7 +37,7 @@ def _provider_events(call: Call, stream: bool) -> Iterator:
 def _finished(call: Call, reply: Any) -> tuple[str, str, dict, dict, list]:
     """The ending of an answer: status, reason, usage, its canonical assistant item, its calls."""
     status, reason = backend.finish(call.conn, reply.raw)
-    usage = usage_object(reply.input_tokens, reply.output_tokens)
+    usage = usage_object(**reply.usage)
     steps = backend.steps(reply)
     answer = mod_items.message('assistant', reply.text, backend.opaque_items(call.conn, reply, steps))
     return status, reason, usage, answer, backend.calls(steps)

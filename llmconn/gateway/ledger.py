@@ -41,7 +41,8 @@ from llmconn.errors import StoreError
 RESPONSE_ID_PREFIX = 'resp_'
 _RESPONSE_ID = re.compile(r'^resp_[0-9a-f]{48}$')
 USAGE_EXPIRY = 400 * 86400          # usage counters outlive a year of daily reports
-USAGE_METRICS = ('requests', 'input_tokens', 'output_tokens', 'errors', 'cancelled', 'tool_calls')
+USAGE_METRICS = ('requests', 'input_tokens', 'output_tokens', 'errors', 'cancelled', 'tool_calls',
+                 'cache_read_tokens', 'cache_write_tokens', 'reasoning_tokens')
 MAX_CONNECTIONS = 100               # the ledger's connections to Redis, per gateway process
 CONNECTION_WAIT = 5.0               # how long a request waits for one of them before a 503
 
@@ -160,7 +161,8 @@ class Ledger:
                   'output_tokens': usage.get('output_tokens') or 0,
                   'errors': int(record.get('status') == 'failed'),
                   'cancelled': int(record.get('status') == 'cancelled'),
-                  'tool_calls': len(record.get('tool_calls') or ())}      # the function calls it made
+                  'tool_calls': len(record.get('tool_calls') or ()),      # the function calls it made
+                  **_details(usage)}
         return key, {json.dumps([record['key_id'], record['model'], metric]): int(value)
                      for metric, value in counts.items() if value}
 
@@ -180,3 +182,13 @@ class Ledger:
         except RedisError as e:
             raise StoreError(f'the gateway\'s state store failed ({type(e).__name__}); check that Redis is '
                              f'up and redis.url is right') from None
+
+
+def _details(usage: dict) -> dict[str, int]:
+    """The cache and reasoning counts of a record's usage: flat (a completion's), or nested as a Response's."""
+    read = (usage.get('input_tokens_details') or {}).get('cached_tokens')
+    written = (usage.get('input_tokens_details') or {}).get('cache_write_tokens')
+    reasoning = (usage.get('output_tokens_details') or {}).get('reasoning_tokens')
+    return {'cache_read_tokens': usage.get('cache_read_tokens') or read or 0,
+            'cache_write_tokens': usage.get('cache_write_tokens') or written or 0,
+            'reasoning_tokens': usage.get('reasoning_tokens') or reasoning or 0}

@@ -241,9 +241,12 @@ def instructions_hash(instructions: str | None) -> str:
     return 'sha256:' + hashlib.sha256(instructions.encode('utf-8')).hexdigest() if instructions else ''
 
 
-def usage_object(input_tokens: int, output_tokens: int, estimated: bool = False) -> dict:
-    usage = {'input_tokens': input_tokens, 'input_tokens_details': {'cached_tokens': 0, 'cache_write_tokens': 0},
-             'output_tokens': output_tokens, 'output_tokens_details': {'reasoning_tokens': 0},
+def usage_object(input_tokens: int, output_tokens: int, estimated: bool = False, *, cache_read_tokens: int = 0,
+                 cache_write_tokens: int = 0, reasoning_tokens: int = 0) -> dict:
+    """A Response's usage; ``usage_object(**reply.usage)`` carries a reply's cache and reasoning counts."""
+    usage = {'input_tokens': input_tokens,
+             'input_tokens_details': {'cached_tokens': cache_read_tokens, 'cache_write_tokens': cache_write_tokens},
+             'output_tokens': output_tokens, 'output_tokens_details': {'reasoning_tokens': reasoning_tokens},
              'total_tokens': input_tokens + output_tokens}
     if estimated:
         usage['estimated'] = True

@@ -319,3 +319,12 @@ def json_event(provider: Provider, sse: SSE) -> dict:
 def is_done_marker(sse: SSE) -> bool:
     """``data: [DONE]``: OpenAI's end of stream, which compatible servers also append to other formats."""
     return sse.data.strip() == DONE_MARKER
+
+
+def tokens(usage: Any, *path: str) -> int:
+    """The count at ``path`` in a provider's usage object; 0 where it is absent, null or not a count
+    (servers that imitate a format often leave its details out)."""
+    value = usage
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

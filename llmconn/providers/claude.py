@@ -28,6 +28,7 @@ from llmconn import items as mod_items
 from llmconn.errors import InvalidInput
 from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, TOOLS, Provider
 from llmconn.providers.base import is_done_marker, json_event, nonempty, plain_reply
+from llmconn.providers.base import tokens
 from llmconn.types import Event, Reply, Request
 
 ANTHROPIC_VERSION = '2023-06-01'
@@ -112,8 +113,7 @@ class ClaudeProvider(Provider):
         items = tuple(b for b in blocks if b.get('type') in _thinking_types)
         steps = tuple(_step(b) for b in blocks)
         thinking = THINKING_SEPARATOR.join(b.get('thinking') or '' for b in items if b.get('type') == 'thinking')
-        input_tokens, output_tokens = _usage(body.get('usage') or {})
-        return Reply(text=text, input_tokens=input_tokens, output_tokens=output_tokens, raw=body,
+        return Reply(text=text, **_usage(body.get('usage') or {}), raw=body,
                      thinking=thinking, items=items, response_id=body.get('id', ''),
                      model=body.get('model', ''), steps=steps)
 
@@ -299,11 +299,13 @@ def _check_sampling(conf, params: dict, error: type[Exception]) -> None:
                     f'remove them or set thinking to disabled')
 
 
-def _usage(usage: dict) -> tuple[int, int]:
-    # Cached prompt tokens are still input the model read: count them, as Anthropic's docs total them.
-    input_tokens = sum(usage.get(k) or 0 for k in ('input_tokens', 'cache_creation_input_tokens',
-                                                   'cache_read_input_tokens'))
-    return input_tokens, usage.get('output_tokens') or 0
+def _usage(usage: dict) -> dict:
+    """Reply's counts from Claude's usage; Claude reports no thinking tokens apart from output."""
+    # Claude's input_tokens is only the part after the last cache breakpoint: the cached prompt is
+    # still input the model read, so the whole input is the sum, as Anthropic's docs total it.
+    read, written = tokens(usage, 'cache_read_input_tokens'), tokens(usage, 'cache_creation_input_tokens')
+    return {'input_tokens': tokens(usage, 'input_tokens') + read + written, 'output_tokens': tokens(usage, 'output_tokens'),
+            'cache_read_tokens': read, 'cache_write_tokens': written}
 
 
 def _error_message(data: dict) -> str:

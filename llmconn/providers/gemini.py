@@ -35,6 +35,7 @@ from urllib.parse import quote
 from llmconn import items as mod_items
 from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS, Provider
 from llmconn.providers.base import is_done_marker, json_event, nonempty, plain_reply
+from llmconn.providers.base import tokens
 from llmconn.types import Event, Reply, Request
 
 # Finish reasons of an answer that ended normally; any other one with no text means Gemini refused.
@@ -114,9 +115,7 @@ class GeminiProvider(Provider):
                              f'rephrase the message or adjust safetySettings in params', body)
         usage = body.get('usageMetadata') or {}
         return Reply(text=text, steps=tuple(_step(p) for p in parts if not p.get('thought')),
-                     input_tokens=usage.get('promptTokenCount') or 0,
-                     # Thinking is billed as output, as Claude's and OpenAI's output counts include it.
-                     output_tokens=(usage.get('candidatesTokenCount') or 0) + (usage.get('thoughtsTokenCount') or 0),
+                     **_usage(usage),
                      raw=body, thinking=''.join(p.get('text') or '' for p in parts if p.get('thought')),
                      response_id=body.get('responseId') or '', model=body.get('modelVersion') or '')
 
@@ -245,3 +244,13 @@ def _error_text(body: Any) -> str:
     if isinstance(error, dict):
         return f'{error.get("status") or error.get("code")}: {error.get("message", "no message")}'
     return str(error or body)[:200]
+
+
+def _usage(usage: dict) -> dict:
+    """Reply's counts from Gemini's usageMetadata; its implicit cache writes are not reported."""
+    thoughts = tokens(usage, 'thoughtsTokenCount')
+    # promptTokenCount already includes the cached part. Thinking is billed as output, as Claude's
+    # and OpenAI's output counts include it, so it is added to the candidates' count.
+    return {'input_tokens': tokens(usage, 'promptTokenCount'),
+            'output_tokens': tokens(usage, 'candidatesTokenCount') + thoughts,
+            'cache_read_tokens': tokens(usage, 'cachedContentTokenCount'), 'reasoning_tokens': thoughts}

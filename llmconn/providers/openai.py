@@ -33,6 +33,7 @@ from typing import Any, Iterable, Iterator
 from llmconn import items as mod_items
 from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS, Provider, is_done_marker
 from llmconn.providers.base import arguments_json, json_event, nonempty, parse_arguments, plain_reply
+from llmconn.providers.base import tokens
 from llmconn.types import Event, Reply, Request
 
 # Where compatible servers put the model's reasoning, in the order we look.
@@ -112,8 +113,7 @@ class OpenAIProvider(Provider):
             steps.append(mod_items.call(call.get('id') or '', function.get('name') or '',
                                         parse_arguments(function.get('arguments'))))
         return Reply(text=text or message.get('refusal') or '', steps=tuple(steps),
-                     input_tokens=usage.get('prompt_tokens') or 0,
-                     output_tokens=usage.get('completion_tokens') or 0,
+                     **_usage(usage),
                      raw=body, thinking=thinking, response_id=body.get('id') or '',
                      model=body.get('model') or '')
 
@@ -251,3 +251,11 @@ def error_text(body: Any) -> str:
     if isinstance(error, dict):
         return error.get('message') or error.get('code') or error.get('type') or 'no message'
     return str(error or body)[:200]
+
+
+def _usage(usage: dict) -> dict:
+    """Reply's counts from a Chat Completions usage; the details are parts of the two totals."""
+    return {'input_tokens': tokens(usage, 'prompt_tokens'), 'output_tokens': tokens(usage, 'completion_tokens'),
+            'cache_read_tokens': tokens(usage, 'prompt_tokens_details', 'cached_tokens'),
+            'cache_write_tokens': tokens(usage, 'prompt_tokens_details', 'cache_write_tokens'),
+            'reasoning_tokens': tokens(usage, 'completion_tokens_details', 'reasoning_tokens')}

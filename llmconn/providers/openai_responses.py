@@ -44,6 +44,7 @@ from llmconn.errors import LLMError
 from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, TOOLS, Chain, Provider
 from llmconn.providers.base import arguments_json, forgot_previous, is_done_marker, json_event, nonempty, plain_reply
 from llmconn.providers.base import parse_arguments
+from llmconn.providers.base import tokens
 from llmconn.providers.openai import bearer_headers, error_text
 from llmconn.types import Event, Reply, Request, Turn
 
@@ -147,8 +148,7 @@ class OpenAIResponsesProvider(Provider):
             # canonical fields; only hosted-tool items, which have no other form, keep their natives.
             steps = [s if s['kind'] == mod_items.HOSTED else _bare(s) for s in steps
                      if s['kind'] != mod_items.REASONING]
-        return Reply(text=''.join(text), input_tokens=usage.get('input_tokens') or 0,
-                     output_tokens=usage.get('output_tokens') or 0, raw=body,
+        return Reply(text=''.join(text), **_usage(usage), raw=body,
                      thinking=THINKING_SEPARATOR.join(t for t in thinking if t),
                      items=replayable, response_id=body.get('id') or '',
                      model=body.get('model') or '', steps=tuple(steps))
@@ -324,3 +324,11 @@ def _reasoning_texts(item: dict) -> list[str]:
 
 def _message(role: str, text: str) -> dict[str, Any]:
     return {'role': role, 'content': text}
+
+
+def _usage(usage: dict) -> dict:
+    """Reply's counts from a Responses usage; the details are parts of the two totals."""
+    return {'input_tokens': tokens(usage, 'input_tokens'), 'output_tokens': tokens(usage, 'output_tokens'),
+            'cache_read_tokens': tokens(usage, 'input_tokens_details', 'cached_tokens'),
+            'cache_write_tokens': tokens(usage, 'input_tokens_details', 'cache_write_tokens'),
+            'reasoning_tokens': tokens(usage, 'output_tokens_details', 'reasoning_tokens')}

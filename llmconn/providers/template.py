@@ -7,8 +7,9 @@ the call's) and ``secret``. The response template sees the final answer as it
 came - ``body`` (text), ``status_code``, ``headers`` (lower-case names), error
 statuses included, after the transport's retries - and renders
 ``{"choices": [{"message": {"role": "assistant", "content": str, ...}}],
-"usage": {"num_prompt_tokens", "num_completion_tokens"}}`` (usage optional) or
-``{"error": str}``. The message's other fields (a ``response_id``, a
+"usage": {"num_prompt_tokens", "num_completion_tokens"}}`` (usage optional;
+``num_cached_tokens``, ``num_cache_write_tokens`` and ``num_reasoning_tokens``
+too where the endpoint reports them) or ``{"error": str}``. The message's other fields (a ``response_id``, a
 ``thread_id``) are stored with the turn and ride on that assistant message in
 every later request while the turn is in the window: that is how a stateful
 endpoint's state id reaches the next request.
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
     from llmconn.config import ConnectionConfig
 
 REQUEST = 'request_template'
+# The response template's optional usage counts, and the Reply fields they fill (parts of the totals).
+USAGE_DETAILS = {'num_cached_tokens': 'cache_read_tokens', 'num_cache_write_tokens': 'cache_write_tokens',
+                 'num_reasoning_tokens': 'reasoning_tokens'}
 RESPONSE = 'response_template'
 MAX_TEMPLATE_FILE_BYTES = 1 << 20
 MAX_EXTRAS_CHARS = 64 * 1024    # extras are stored with every turn and sent back while it is in the window
@@ -130,7 +134,7 @@ class TemplateProvider(Provider):
         if len(json.dumps(extras)) > MAX_EXTRAS_CHARS:
             raise self._fail(f'{label}: the message\'s extra fields take more than {MAX_EXTRAS_CHARS} characters '
                              f'of JSON; keep only the ids the next request needs', answer)
-        return Reply(text=message['content'], input_tokens=usage[0], output_tokens=usage[1],
+        return Reply(text=message['content'], **usage,
                      raw=_body(answer.text), meta=extras)
 
     # ---- internals
@@ -168,7 +172,7 @@ def _messages(request: Request) -> list[dict]:
     return messages
 
 
-def _reply_shape(shape: Any, label: str, fail, answer: HTTPAnswer) -> tuple[Mapping, tuple[int, int]]:
+def _reply_shape(shape: Any, label: str, fail, answer: HTTPAnswer) -> tuple[Mapping, dict]:
     """The message and the token counts of a rendered reply, or an LLMError saying what is missing."""
     def missing(what: str) -> LLMError:
         return fail(f'{label} rendered no {what}: expected {{"choices": [{{"message": {{"role": "assistant", '
@@ -187,11 +191,19 @@ def _reply_shape(shape: Any, label: str, fail, answer: HTTPAnswer) -> tuple[Mapp
         raise missing('choices[0].message.role "assistant"')
     usage = shape.get('usage')
     if usage is None:
-        return message, (0, 0)
+        return message, {}
     counts = [usage.get(k) if isinstance(usage, dict) else None for k in ('num_prompt_tokens', 'num_completion_tokens')]
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+    if not all(_is_count(n) for n in counts):
         raise missing('usage with num_prompt_tokens and num_completion_tokens as counts')
-    return message, (counts[0], counts[1])
+    optional = {name: usage.get(key, 0) for key, name in USAGE_DETAILS.items()}
+    wrong = [key for key, name in USAGE_DETAILS.items() if not _is_count(optional[name])]
+    if wrong:
+        raise missing(f'{", ".join(wrong)} as counts (a non-negative int, or leave the key out)')
+    return message, {'input_tokens': counts[0], 'output_tokens': counts[1], **optional}
+
+
+def _is_count(n: Any) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
 def _label(conf: 'ConnectionConfig', key: str) -> str:

@@ -134,6 +134,7 @@ class FakeConnection:
         result.setdefault('usage', {
             'input_tokens': count_words(skill, text, *(m['content'] for m in window)),
             'output_tokens': count_words(result['text']),
+            'cache_read_tokens': 0, 'cache_write_tokens': 0, 'reasoning_tokens': 0,
         })
         result.setdefault('raw', {'fake': True, 'text': result['text']})
         return result
