@@ -1,28 +1,42 @@
-"""What a stateless Chat Completions client cannot send back: the provider items behind its tool calls.
+"""The tool-call registry: the provider items behind the calls the gateway issued, found again by call id.
 
 Claude with thinking wants its signed thinking blocks before the
-``tool_use`` it answers; Gemini wants each ``functionCall`` with its
-``thoughtSignature``. A Chat Completions client sends back only the
-assistant's ``tool_calls``, so the gateway keeps the answer's canonical
-items (natives included) under the tenant and the first call id::
+``tool_use`` they led to, Gemini each ``functionCall`` with its
+``thoughtSignature``, a Responses backend its reasoning items. A client
+that replays the conversation itself sends back only what it was shown: a
+Chat Completions client the assistant's ``tool_calls``; a Responses client
+(the OpenAI Agents SDK, pydantic-ai, LangChain, ``llm``) the ``rs_…``
+reasoning items without ``encrypted_content``, the ``fc_…`` function calls
+and their outputs, with ``store`` at its default and no ``include``. So
+the gateway keeps every answer that made calls and carries natives, its
+canonical items whole, under the tenant and the answer's first call id::
 
-    llmconn:gw:call:{<tenant digest>}:<sha256 of the call id>    JSON {"tag", "steps"}, EX response_expiry
+    llmconn:gw:call:{<tenant digest>}:<sha256 of the call id>    JSON {"tag", "steps"}, PX response_expiry
 
-and when a later request of the same tenant carries an assistant message
-whose ``tool_calls`` are exactly that answer's calls, the stored items take
-its place (to the same provider, model and mode only, as every replay).
-Only under standard retention: a zero-retention key keeps nothing, and its
-calls go back as the client sent them.
+When a later request of the same tenant carries an assistant message (Chat)
+or a run of assistant-side items (Responses) whose calls are exactly that
+answer's calls (ids, names and arguments, in order) and whose text is its
+text, the stored answer takes their place: for every earlier tool turn of
+the conversation, not only the one being continued. The natives then go
+back to the provider, model and mode of the tag only, as every replay.
+
+Only under standard retention, and on the Responses route only for a
+stored response (``store`` true): a zero-retention key or ``store: false``
+keeps nothing here, and its calls go back as the client sent them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from llmconn import items as canon
+from llmconn.gateway.items import CALL_TYPES
 from llmconn.gateway.ledger import Ledger, tenant_digest
+
+RETENTION = 'standard'      # the only retention under which the registry keeps anything
 
 
 def call_key(tenant: str, call_id: str) -> str:
@@ -30,45 +44,74 @@ def call_key(tenant: str, call_id: str) -> str:
     return f'llmconn:gw:call:{{{tenant_digest(tenant)}}}:{digest}'
 
 
+@dataclass(frozen=True)
+class Registry:
+    """The registry of one key's tenant; ``keeps`` is False under zero retention (it keeps and finds nothing)."""
+
+    client: Any
+    tenant: str
+    ttl: float
+    keeps: bool
+
+    def remember(self, steps: list[dict], tag: str) -> None:
+        """Keep an answer's items when it made calls and carries natives a replay needs."""
+        calls = canon.calls(steps)
+        if not self.keeps or not calls or not any('native' in s for s in steps):
+            return
+        value = json.dumps({'tag': tag, 'steps': steps}, ensure_ascii=False)
+        Ledger._run(self.client.set, call_key(self.tenant, calls[0]['call_id']), value, None,
+                    max(1, int(self.ttl * 1000)))
+
+    def answer(self, said: list[dict]) -> dict | None:
+        """The stored answer whose calls and text ``said`` (one answer's gateway items) are; else None."""
+        sent = [(i['call_id'], i['name'], i['arguments']) for i in said if i['type'] in CALL_TYPES]
+        if not self.keeps or not sent:
+            return None
+        raw = Ledger._run(self.client.get, call_key(self.tenant, sent[0][0]))
+        if not raw:
+            return None
+        stored = json.loads(raw)
+        steps = stored['steps']
+        text = ''.join(s['text'] for s in steps if s['kind'] in (canon.TEXT, canon.REFUSAL))
+        texts = [i['text'] for i in said if i['type'] == 'message']
+        if [(c['call_id'], c['name'], c['arguments']) for c in canon.calls(steps)] != sent or \
+                (texts and ''.join(texts) != text):
+            return None         # not that answer as it was made: the client's own items are sent
+        return {'type': 'message', 'role': 'assistant', 'text': text,
+                'opaque': {'tag': stored['tag'], 'items': steps}}
+
+
+def of(gw: Any, key: Any) -> Registry:
+    """The registry of ``key``'s tenant in the gateway's store."""
+    return Registry(gw.ledger.client, key.tenant, gw.config.response_expiry, key.retention == RETENTION)
+
+
 def remember(gw: Any, key: Any, steps: list[dict], tag: str) -> None:
-    """Keep an answer's items when it made calls and carries natives a replay needs."""
-    calls = canon.calls(steps)
-    if not calls or key.retention != 'standard' or not any('native' in s for s in steps):
-        return
-    value = json.dumps({'tag': tag, 'steps': steps}, ensure_ascii=False)
-    ttl = max(1, int(gw.config.response_expiry * 1000))
-    Ledger._run(gw.ledger.client.set, call_key(key.tenant, calls[0]['call_id']), value, None, ttl)
+    of(gw, key).remember(steps, tag)
+
+
+def remember_answer(gw: Any, call: Any, answer: dict) -> None:
+    """Keep a Responses answer's items (its canonical assistant item) when the response is stored."""
+    opaque = answer.get('opaque')
+    if call.store and opaque:
+        remember(gw, call.key, canon.canonical(opaque['items'], answer['text']), opaque['tag'])
 
 
 def restore(gw: Any, key: Any, items: list[dict]) -> list[dict]:
-    """``items`` with each assistant message's calls (and its text) replaced by the stored answer, if any."""
+    """Chat ``items`` with each assistant message's calls (and its text) replaced by the stored answer, if any."""
+    registry = of(gw, key)
     out: list[dict] = []
     index = 0
     while index < len(items):
-        item = items[index]
-        group = item.get('message')
+        group = items[index].get('message')
         if group is None:
-            out.append(item)
+            out.append(items[index])
             index += 1
             continue
         end = index
         while end < len(items) and items[end].get('message') == group:
             end += 1
-        out += _stored(gw, key, items[index:end]) or items[index:end]
+        found = registry.answer(items[index:end])
+        out += [found] if found else items[index:end]
         index = end
     return out
-
-
-def _stored(gw: Any, key: Any, said: list[dict]) -> list[dict] | None:
-    sent = [(i['call_id'], i['arguments']) for i in said if i['type'] == 'function_call']
-    ids = [call_id for call_id, _ in sent]
-    if not ids or key.retention != 'standard':
-        return None
-    raw = Ledger._run(gw.ledger.client.get, call_key(key.tenant, ids[0]))
-    if not raw:
-        return None
-    stored = json.loads(raw)
-    if [(c['call_id'], c['arguments']) for c in canon.calls(stored['steps'])] != sent:
-        return None         # not that answer's calls as they were made: the client's own are sent
-    return [{'type': 'message', 'role': 'assistant', 'text': canon.final_text(stored['steps']),
-             'opaque': {'tag': stored['tag'], 'items': stored['steps']}}]

@@ -18,7 +18,7 @@ import logging
 from typing import Any, Iterator
 
 from llmconn.errors import LLMConnError, StoreError
-from llmconn.gateway import backend, items as mod_items
+from llmconn.gateway import backend, call_registry, items as mod_items
 from llmconn.gateway.echo import bounded
 from llmconn.gateway.reasoning import sealed_answer
 from llmconn.gateway.responses import Call, output_items, record, response_object, usage_object
@@ -52,6 +52,7 @@ def respond(gw: Any, call: Call) -> dict:
         _record_failure(gw, call, e, [])
         raise
     status, reason, usage, answer, calls = _finished(call, reply)
+    call_registry.remember_answer(gw, call, answer)
     output = output_items(reply.thinking, reply.text, status, calls, sealed_answer(call.sealer, answer), call.custom)
     gw.ledger.save(record(call, status, usage, output, provider_id=reply.response_id, answer=answer,
                           reason=reason, calls=calls), call.expiry, count_usage=True)
@@ -83,6 +84,7 @@ def _body(gw: Any, call: Call, normalizer: ResponseEvents, events: Iterator, pro
                 continue
             reply = event.reply
             status, reason, usage, answer, calls = _finished(call, reply)
+            call_registry.remember_answer(gw, call, answer)
             closing = normalizer.finish(reply.text, response_object(call, status, [], usage, reason=reason),
                                         [call_item(c, call.custom) for c in calls], sealed_answer(call.sealer, answer))
             gw.ledger.save(record(call, status, usage, normalizer.output, provider_id=reply.response_id,

@@ -32,7 +32,10 @@ when its calls and text are the ones the client sent; a client that changed
 them gets its own items sent, as plain canonical items. The replay rules
 then apply as for any stored turn: natives only to the provider, model and
 mode of the tag, else the turn's opaque items dropped whole. Reasoning
-items without ``encrypted_content`` carry only a summary and are left out.
+items without ``encrypted_content`` carry only a summary and are left out;
+a response's items sent back without a sealed one (no ``include`` asked
+for) are found in the tool-call registry by the calls the gateway issued
+(:mod:`llmconn.gateway.call_registry`), as the sealed item would have them.
 """
 
 from __future__ import annotations
@@ -148,27 +151,33 @@ def has_sealed(items: list[dict]) -> bool:
     return any(i['type'] == 'reasoning' and i.get('encrypted_content') is not None for i in items)
 
 
-def restore(items: list[dict], opener: Sealer | None) -> list[dict]:
-    """``items`` with each response's sealed reasoning made its answer again, and bare reasoning items left out."""
+def restore(items: list[dict], opener: Sealer | None, registry: Any = None) -> list[dict]:
+    """``items`` with each response's sealed reasoning made its answer again, and bare reasoning items left out.
+
+    A response's items without a sealed reasoning item are looked up in ``registry``
+    (:class:`llmconn.gateway.call_registry.Registry`) by the calls the gateway issued, when one is given.
+    """
     out: list[dict] = []
     run: list[dict] = []
     for item in items + [{'type': 'end'}]:
         if item['type'] in _ASSISTANT_SIDE or (item['type'] == 'message' and item['role'] == 'assistant'):
             run.append(item)
             continue
-        out += _answer(run, opener)
+        out += _answer(run, opener, registry)
         run = []
         if item['type'] != 'end':
             out.append(item)
     return out
 
 
-def _answer(run: list[dict], opener: Sealer | None) -> list[dict]:
-    """One response's items as the client sent them: its sealed answer if they are that answer's, else theirs."""
+def _answer(run: list[dict], opener: Sealer | None, registry: Any) -> list[dict]:
+    """One response's items as the client sent them: its sealed (or registered) answer if they are that
+    answer's, else theirs."""
     sealed = [i for i in run if i['type'] == 'reasoning' and i.get('encrypted_content') is not None]
     theirs = [i for i in run if i['type'] != 'reasoning']
     if not sealed:
-        return theirs
+        found = registry.answer(theirs) if registry is not None and theirs else None
+        return [found] if found else theirs
     if len(sealed) > 1:
         raise GatewayError(f'{sealed[1]["where"]}: a second reasoning item with encrypted_content in one '
                            f'response\'s items; send the items of each response as it returned them',

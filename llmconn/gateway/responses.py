@@ -30,7 +30,7 @@ from typing import Any
 
 from llmconn.errors import GatewayError
 from llmconn import items as canon
-from llmconn.gateway import backend, input_items, items as mod_items, reasoning, tools as mod_tools
+from llmconn.gateway import backend, call_registry, input_items, items as mod_items, reasoning, tools as mod_tools
 from llmconn.gateway.capabilities import RESPONSES
 from llmconn.gateway.echo import shown, shown_all
 from llmconn.gateway.policy import Policy, check_history, resolve
@@ -113,12 +113,13 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
 
 
 def _new_items(gw: Any, key: Any, body: dict, sealing: bool) -> tuple[list, Any]:
-    """The input as gateway items, sealed reasoning opened; and the tenant's sealer, when one is needed."""
+    """The input as gateway items, sealed reasoning opened (or the calls' items found in the tool-call
+    registry); and the tenant's sealer, when one is needed."""
     if 'input' not in body:
         raise GatewayError('input is required', param='input')
     items = mod_items.from_responses_input(body['input'])
     sealer = reasoning.sealer(gw, key) if sealing or reasoning.has_sealed(items) else None
-    return reasoning.restore(items, sealer), sealer
+    return reasoning.restore(items, sealer, call_registry.of(gw, key)), sealer
 
 
 def _ask_encrypted(conn: Any, store: bool, params: dict) -> dict:

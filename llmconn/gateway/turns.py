@@ -78,11 +78,19 @@ def _assistant_steps(chat: list, steps: list, tag: str, policy: Policy, resoluti
         if not answered:
             check_loss(resolution, policy, 'input', 'messages_merged',
                        'two assistant messages in a row cannot be sent separately on this backend')
-    if tag != last['tag'] and any('native' in s for s in steps + last['steps']):
+    # A turn's natives all belong to one tag. Items without natives (the client's own text after the
+    # calls) join a turn of any tag, so an earlier tool turn keeps its provider items; natives of two
+    # tags cannot be sent together, and the turn goes plain.
+    theirs, ours = _natives(steps), _natives(last['steps'])
+    if theirs and ours and tag != last['tag']:
         last['steps'], last['tag'] = canon.plain(last['steps']), ''
-        steps = canon.plain(steps)
+        steps, theirs = canon.plain(steps), False
     last['steps'] += steps
-    last['tag'] = last['tag'] or tag
+    last['tag'] = tag if theirs else last['tag'] or tag
+
+
+def _natives(steps: list) -> bool:
+    return any('native' in s for s in steps)
 
 
 def _new_call(chat: list, call_id: str) -> None:

@@ -1,0 +1,209 @@
+"""The OpenAI Agents SDK (``agents``) against ``llmconn serve``, on every backend kind with function tools.
+
+A real agent client, as its users run it: ``store`` left at its default, no
+``include``, the whole conversation sent back in ``input`` (or chained with
+``previous_response_id``), the SDK's Responses model and its Chat Completions
+model. The fake provider refuses (and records a violation) whatever the real
+API would: Claude's ``tool_use`` replayed without its signed thinking, a
+Gemini ``functionCall`` without its ``thoughtSignature``, a Responses
+``function_call`` without its reasoning item. Beyond that, every tool turn
+of the conversation, the earlier ones included, must reach the backend with
+its provider items (:func:`check_provider_items`). Every Response body and
+stream event the gateway sent is validated with ``openresponses-types``.
+
+Tracing is off: the SDK would export spans to api.openai.com.
+"""
+
+import asyncio
+import json
+
+import httpx2 as httpx     # the HTTP client the openai SDK is built on
+import pytest
+from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner,
+                    function_tool, set_tracing_disabled)
+from openai import AsyncOpenAI, BadRequestError
+from openai.types.shared import Reasoning
+
+from gateway_stack import KEYS, GatewayStack
+from llmconn.gateway.call_registry import call_key
+from open_responses import check_event, check_response
+
+set_tracing_disabled(True)
+
+# Every backend kind that runs function tools (a template endpoint has no tools), thinking modes too.
+EXTRA = '''  - {name: ClaudePlain, provider: claude, model: claude-sonnet-5-5, address: "FAKE_URL", max_tokens: 2048,
+     max_retries: 0}
+  - {name: GeminiThinking, provider: gemini, model: gemini-2.5-pro, address: "FAKE_URL/v1beta", max_retries: 0,
+     params: {generationConfig: {thinkingConfig: {includeThoughts: true}}}}'''
+BACKENDS = ['Claude', 'ClaudePlain', 'Chat', 'Responses', 'ResponsesLocal', 'Gemini', 'GeminiThinking']
+ASK = 'call get_order {"order_id": "A-17"}'
+ASK_AGAIN = 'call get_order {"order_id": "B-2"}'
+
+
+@function_tool
+def get_order(order_id: str) -> str:
+    """Look an order up."""
+    return f'order {order_id} shipped'
+
+
+class Bodies:
+    """What the gateway answered on /v1/responses, each body and event checked as it arrives."""
+
+    def __init__(self) -> None:
+        self.responses: list[dict] = []
+        self.events: list[dict] = []
+
+    async def hook(self, response: httpx.Response) -> None:
+        if not response.request.url.path.endswith('/responses') or response.status_code != 200:
+            return
+        await response.aread()
+        if response.headers['content-type'].startswith('text/event-stream'):
+            for line in response.text.splitlines():
+                if line.startswith('data: '):
+                    self.events.append(check_event(json.loads(line[len('data: '):])))
+        else:
+            self.responses.append(check_response(response.json()))
+
+
+@pytest.fixture(scope='module')
+def gw():
+    stack = GatewayStack(processes=1, extra_llm=EXTRA)
+    yield stack
+    stack.close()
+
+
+@pytest.fixture
+def bodies():
+    return Bodies()
+
+
+@pytest.fixture
+def client(gw, bodies):
+    """Makes the SDK's client; a new one for each event loop (each ``run``), as its connections are the loop's."""
+    def make() -> AsyncOpenAI:
+        http = httpx.AsyncClient(event_hooks={'response': [bodies.hook]}, timeout=20)
+        return AsyncOpenAI(base_url=gw.url(), api_key=KEYS['a'][0], max_retries=0, http_client=http)
+    return make
+
+
+def agent(client, backend: str, chat: bool = False) -> Agent:
+    client = client()
+    kind = OpenAIChatCompletionsModel if chat else OpenAIResponsesModel
+    # A Responses backend reasons when asked to; Claude's and Gemini's thinking is their connection's.
+    settings = ModelSettings(reasoning=Reasoning(effort='low', summary='auto')) \
+        if backend.startswith('Responses') and not chat else ModelSettings()
+    return Agent(name='orders', instructions='Answer from the tools.', tools=[get_order],
+                 model=kind(model=backend, openai_client=client), model_settings=settings)
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+PATHS = {'Claude': '/messages', 'ClaudePlain': '/messages', 'Chat': '/chat/completions', 'Gemini': 'enerateContent',
+         'GeminiThinking': 'enerateContent', 'Responses': '/responses', 'ResponsesLocal': '/responses'}
+
+
+def last_body(gw, backend: str) -> dict:
+    return [r for r in gw.fake.requests if r['path'].endswith(PATHS[backend])][-1]['body']
+
+
+def check_provider_items(gw, backend: str, tool_turns: int, reasoned: bool = True) -> None:
+    """The last backend request carries ``tool_turns`` tool turns, each with its provider items.
+
+    ``reasoned``: the request asked a Responses backend to reason (the Chat model's requests do not).
+    """
+    body = last_body(gw, backend)
+    if backend == 'Claude':
+        turns = [m['content'] for m in body['messages'] if m['role'] == 'assistant' and isinstance(m['content'], list)
+                 and any(b['type'] == 'tool_use' for b in m['content'])]
+        assert all(t[0]['type'] == 'thinking' and t[0]['signature'] for t in turns), turns
+    elif backend.startswith('Gemini'):
+        turns = [p for c in body['contents'] if c['role'] == 'model' for p in c['parts'] if 'functionCall' in p]
+        assert all(p.get('thoughtSignature') for p in turns), turns
+    elif backend.startswith('Responses') and reasoned:
+        # Encrypted reasoning where the gateway keeps the state; the backend's own stored item by id otherwise.
+        kinds = [i.get('type') for i in body['input']]
+        turns = [n for n, k in enumerate(kinds) if k == 'function_call']
+        assert all(kinds[n - 1] == 'reasoning' for n in turns), kinds
+        assert backend == 'Responses' or all(body['input'][n - 1]['encrypted_content'] for n in turns), kinds
+    else:
+        return      # no provider items to carry (Chat, plain Claude, a Responses backend not reasoning)
+    assert len(turns) == tool_turns
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_a_function_tool_run(gw, client, bodies, backend):
+    gw.fake.clear()
+    result = run(Runner.run(agent(client, backend), ASK))
+    assert result.final_output == 'tool said: order A-17 shipped'
+    assert gw.fake.violations == []
+    check_provider_items(gw, backend, 1)
+    assert len(bodies.responses) == 2 and bodies.responses[0]['output'][-1]['type'] == 'function_call'
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_a_second_tool_turn_replays_the_first_with_its_provider_items(gw, client, backend):
+    """The SDK sends the whole conversation back (``to_input_list``): both tool turns keep their items."""
+    first = run(Runner.run(agent(client, backend), ASK))
+    gw.fake.clear()
+    second = run(Runner.run(agent(client, backend), first.to_input_list() + [{'role': 'user', 'content': ASK_AGAIN}]))
+    assert second.final_output == 'tool said: order B-2 shipped'
+    assert gw.fake.violations == []
+    check_provider_items(gw, backend, 2, reasoned=False)
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_a_streamed_run(gw, client, bodies, backend):
+    gw.fake.clear()
+
+    async def streamed():
+        result = Runner.run_streamed(agent(client, backend), ASK)
+        deltas = [e.data.delta async for e in result.stream_events()
+                  if e.type == 'raw_response_event' and e.data.type == 'response.output_text.delta']
+        return result, deltas
+
+    result, deltas = run(streamed())
+    assert result.final_output == ''.join(deltas) == 'tool said: order A-17 shipped'
+    assert gw.fake.violations == []
+    check_provider_items(gw, backend, 1)
+    ends = [e for e in bodies.events if e['type'] == 'response.completed']
+    assert len(ends) == 2 and ends[0]['response']['output'][-1]['type'] == 'function_call'
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_a_previous_response_id_chain(gw, client, bodies, backend):
+    """Each model call of the run continues the last by id; the next run continues the chain."""
+    first = run(Runner.run(agent(client, backend), ASK, auto_previous_response_id=True))
+    assert first.final_output == 'tool said: order A-17 shipped'
+    gw.fake.clear()
+    second = run(Runner.run(agent(client, backend), ASK_AGAIN, previous_response_id=first.last_response_id))
+    assert second.final_output == 'tool said: order B-2 shipped'
+    assert gw.fake.violations == []
+    check_provider_items(gw, backend, 0 if backend == 'Responses' else 2)     # the backend keeps its chain
+    chained = [r['previous_response_id'] for r in bodies.responses]
+    assert chained[0] is None and all(chained[1:]) and chained[1:] == [r['id'] for r in bodies.responses[:-1]]
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_the_chat_completions_model(gw, client, backend):
+    first = run(Runner.run(agent(client, backend, chat=True), ASK))
+    assert first.final_output == 'tool said: order A-17 shipped'
+    gw.fake.clear()
+    second = run(Runner.run(agent(client, backend, chat=True),
+                            first.to_input_list() + [{'role': 'user', 'content': ASK_AGAIN}]))
+    assert second.final_output == 'tool said: order B-2 shipped'
+    assert gw.fake.violations == []
+    check_provider_items(gw, backend, 2, reasoned=False)
+
+
+def test_zero_retention_keeps_no_provider_items_and_says_what_to_do(gw):
+    """A zero-retention key's calls go back as the client sent them: Claude with thinking wants more."""
+    async def scenario():
+        client = AsyncOpenAI(base_url=gw.url(), api_key=KEYS['zero'][0], max_retries=0)
+        return await Runner.run(agent(lambda: client, 'Claude'), ASK)
+
+    with pytest.raises(BadRequestError) as refused:
+        run(scenario())
+    assert refused.value.body['code'] == 'reasoning_required'
+    assert not list(gw.redis.scan_iter(match=call_key(KEYS['zero'][1], '*').rsplit(':', 1)[0] + ':*'))
