@@ -4,8 +4,9 @@ A socket read timeout bounds each ``recv``, not a call: a server sending one
 byte every 1.5 s never trips a 2 s read timeout and can hold a call (and its
 chat lock) for as long as it likes. A :class:`Deadline` bounds the call
 itself. While one is active (``with deadline.watching():`` around
-the pool's ``urlopen``), every connection the pool hands out is recorded on it;
-when it expires, one shared watchdog shuts those sockets down, which wakes
+the pool's ``urlopen``), the socket of every connection the pool hands out
+(or opens) is recorded on it; when it expires, one shared watchdog shuts those
+sockets down, which wakes
 the blocked read at once (plain threads and gevent alike: ``shutdown`` is a
 kernel-level event both see), and :attr:`Deadline.fired` tells the caller
 that the broken read was the deadline, not the provider.
@@ -14,6 +15,11 @@ Failure timeline this guards against: t=0 request sent; t=1.5, 3.0, ... one
 byte each; without a deadline the read never times out. With ``timeout: 2``
 the watchdog shuts the socket at t=2, the read returns EOF, the transport
 raises :class:`~llmconn.errors.LLMTimeout`, and the chat lock is released.
+
+The socket itself is recorded, not the connection holding it: an answer with
+``Connection: close`` (or a body that ends when the connection does) passes
+the socket to the response, and ``http.client`` then forgets it on the
+connection (``conn.sock`` is None while the body is still being read).
 
 The watchdog is one daemon thread (a greenlet once gevent has patched
 ``threading``) sleeping until the earliest deadline; extending a deadline is
@@ -31,6 +37,7 @@ import socket
 import threading
 import time as mod_time
 
+from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 _current: contextvars.ContextVar['Deadline | None'] = contextvars.ContextVar('llmconn_deadline', default=None)
@@ -40,14 +47,14 @@ REBUILD_AFTER = 1024     # cancelled entries tolerated in the heap before it is 
 class Deadline:
     """A point in time after which the sockets of one call are shut down."""
 
-    __slots__ = ('when', 'key', 'done', 'fired', '_conns', '_lock')
+    __slots__ = ('when', 'key', 'done', 'fired', '_socks', '_lock')
 
     def __init__(self, when: float) -> None:
         self.when = when          # monotonic time of expiry; may move
         self.key = when           # the earliest heap entry that represents this deadline
         self.done = False
         self.fired = False
-        self._conns: list = []
+        self._socks: list = []
         self._lock = threading.Lock()
 
     @classmethod
@@ -67,35 +74,34 @@ class Deadline:
 
     @contextlib.contextmanager
     def watching(self):
-        """Record on this deadline every pooled connection handed out inside the block."""
+        """Record on this deadline the socket of every pooled connection used inside the block."""
         token = _current.set(self)
         try:
             yield self
         finally:
             _current.reset(token)
 
-    def adopt(self, conn) -> None:
+    def adopt(self, sock) -> None:
+        """Shut ``sock`` down if this deadline expires before it is cancelled."""
         with self._lock:
             if not self.done:
-                self._conns.append(conn)
+                self._socks.append(sock)
 
     def cancel(self) -> None:
         """Stop watching: after this returns, no socket of this call is shut down."""
         with self._lock:
             self.done = True
-            self._conns.clear()
+            self._socks.clear()
 
     def expire(self) -> None:
         with self._lock:
             if self.done:
                 return
             self.done = self.fired = True
-            conns, self._conns = self._conns, []
-        for conn in conns:
-            sock = getattr(conn, 'sock', None)
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+            socks, self._socks = self._socks, []
+        for sock in socks:
+            with contextlib.suppress(OSError):      # already closed: nothing left to wake
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 class _Watchdog:
@@ -165,23 +171,44 @@ def _watchdog() -> _Watchdog:
     return dog
 
 
+def _adopt(sock) -> None:
+    deadline = _current.get()
+    if deadline is not None and sock is not None:
+        deadline.adopt(sock)
+
+
 class _Watched:
-    """Pool mixin: a connection handed out while a deadline is active is recorded on it."""
+    """Pool mixin: a kept-alive connection handed out while a deadline is active has its socket recorded."""
 
     def _get_conn(self, timeout=None):
         conn = super()._get_conn(timeout)
-        deadline = _current.get()
-        if deadline is not None:
-            deadline.adopt(conn)
+        _adopt(conn.sock)
         return conn
 
 
-class WatchedHTTPPool(_Watched, HTTPConnectionPool):
+class _WatchedConnect:
+    """Connection mixin: a socket opened while a deadline is active is recorded on it (proxy tunnel
+    and TLS included: ``sock`` is the final socket once ``connect`` returns)."""
+
+    def connect(self) -> None:
+        super().connect()
+        _adopt(self.sock)
+
+
+class WatchedHTTPConnection(_WatchedConnect, HTTPConnection):
     pass
+
+
+class WatchedHTTPSConnection(_WatchedConnect, HTTPSConnection):
+    pass
+
+
+class WatchedHTTPPool(_Watched, HTTPConnectionPool):
+    ConnectionCls = WatchedHTTPConnection
 
 
 class WatchedHTTPSPool(_Watched, HTTPSConnectionPool):
-    pass
+    ConnectionCls = WatchedHTTPSConnection
 
 
 WATCHED_POOLS = {'http': WatchedHTTPPool, 'https': WatchedHTTPSPool}

@@ -69,6 +69,7 @@ RETRY_AFTER_CAP = 60.0      # a provider asking for more than this is treated as
 CONNECT_TIMEOUT_CAP = 10.0  # opening a TCP connection never needs the whole read timeout
 ERROR_BODY_CHARS = 10000    # how much of a non-JSON error body is kept for the caller
 DEFAULT_STREAM_TIMEOUT = 600.0  # the longest a whole stream may take, unless configured
+READ_PIECE = 65536          # the most one read of an unchunked stream takes from the socket
 MAX_CACHED_URLS = 32        # a connection calls a handful of URLs; more means they are built per call
 DEFAULT_HEADERS = {'user-agent': f'llmconn/{__version__}', 'accept': '*/*', 'accept-encoding': 'gzip, deflate'}
 # What a failed send or read raises: urllib3's own errors, the socket's, and http.client's.
@@ -152,6 +153,9 @@ class Transport:
         try:
             try:
                 for event in iter_sse(chunks):
+                    # A body without chunks ends cleanly when the deadline shuts its socket: the half
+                    # event read so far must not be handed on as if it were whole.
+                    self._raise_if_expired(deadline, stream=True)
                     deadline.move(end)           # the caller's time between events is not the provider's
                     yield event
                     deadline.move(min(end, mod_time.monotonic() + self.timeout[1]))
@@ -396,8 +400,20 @@ class Answer:
         return self._content
 
     def iter_content(self) -> Iterator[bytes]:
-        """The body's chunks as they arrive."""
-        return self.raw.stream(None, decode_content=True)
+        """The body's pieces as they arrive, however the body is framed.
+
+        ``stream(None)`` reads an unchunked body (Content-Length, or until the
+        connection closes) whole before yielding anything, so an event stream
+        sent that way would arrive as one piece at its end: read what the socket
+        has instead, each time.
+        """
+        if self.raw.chunked:
+            return self.raw.stream(None, decode_content=True)
+        return self._pieces()
+
+    def _pieces(self) -> Iterator[bytes]:
+        while piece := self.raw.read1(READ_PIECE, decode_content=True):
+            yield piece
 
     def close(self) -> None:
         """Done with the answer: a body not read to its end closes the connection instead of reusing it."""

@@ -8,7 +8,9 @@ A callable ``delay`` is called instead of slept (e.g. a barrier's ``wait``:
 requests that must be in the server at once).
 A :class:`Cut` body stops halfway and the connection closes.
 A :class:`Trickle` body is sent one byte at a time, ``pause`` seconds apart
-(a provider that keeps a connection alive without ever finishing).
+(a provider that keeps a connection alive without ever finishing); its
+``framing`` is ``chunked`` (the default), ``length`` (Content-Length announced
+up front) or ``close`` (no length: the body ends when the connection closes).
 """
 
 from __future__ import annotations
@@ -24,9 +26,13 @@ PIECE_PAUSE = 0.005     # seconds between the pieces of a chunked answer
 class Trickle:
     """A body sent chunked, piece by piece (bytes: byte by byte), ``pause`` seconds apart."""
 
-    def __init__(self, data, pause: float) -> None:
+    def __init__(self, data, pause: float, framing: str = 'chunked') -> None:
         self.pieces = [data[i:i + 1] for i in range(len(data))] if isinstance(data, bytes) else list(data)
         self.pause = pause
+        self.framing = framing
+
+    def frame(self, piece: bytes) -> bytes:
+        return b'%x\r\n%s\r\n' % (len(piece), piece) if self.framing == 'chunked' else piece
 
 
 class Cut:
@@ -82,16 +88,7 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in headers.items():
             self.send_header(name, value)
         if isinstance(body, Trickle):
-            self.send_header('transfer-encoding', 'chunked')
-            self.end_headers()
-            for piece in body.pieces:
-                try:
-                    self.wfile.write(b'%x\r\n%s\r\n' % (len(piece), piece))
-                    self.wfile.flush()
-                except OSError:
-                    return          # the client gave up on us: what a trickle test wants
-                time.sleep(body.pause)
-            self.wfile.write(b'0\r\n\r\n')
+            self._trickle(body)
             return
         if isinstance(body, Cut):
             self.send_header('content-length', str(len(body.data)))
@@ -115,3 +112,21 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b'0\r\n\r\n')
 
     do_GET = do_POST
+
+    def _trickle(self, body: Trickle) -> None:
+        if body.framing == 'chunked':
+            self.send_header('transfer-encoding', 'chunked')
+        elif body.framing == 'length':
+            self.send_header('content-length', str(sum(map(len, body.pieces))))
+        else:
+            self.close_connection = True
+        self.end_headers()
+        for piece in body.pieces:
+            try:
+                self.wfile.write(body.frame(piece))
+                self.wfile.flush()
+            except OSError:
+                return          # the client gave up on us: what a trickle test wants
+            time.sleep(body.pause)
+        if body.framing == 'chunked':
+            self.wfile.write(b'0\r\n\r\n')

@@ -171,3 +171,74 @@ def test_a_forked_worker_gets_its_own_watchdog(server):
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+# -- providers that close the connection after the answer (no keep-alive) ------------------------------
+
+def test_connection_close_cannot_hold_a_chat_and_its_lock_past_timeout(server, open_registry, redis_url, unique):
+    # http.client hands a "Connection: close" answer's socket to the response and forgets it on the
+    # connection, so a deadline that looked for the socket there found nothing to cut.
+    server.script = [(200, {'content-type': 'application/json', 'connection': 'close'}, Trickle(ANSWER, 1.5)),
+                     (200, {'content-type': 'application/json'}, ANSWER)]
+    registry = open_registry({'redis': {'url': redis_url}, 'llm': [
+        {'name': 'slow', 'provider': 'openai', 'model': 'gpt-4.1', 'address': server.url, 'timeout': 2,
+         'max_retries': 0, 'lock_wait': 0}]})
+    started = time.monotonic()
+    with pytest.raises(LLMTimeout, match='"timeout" \\(2 s\\)'):
+        registry['slow'].chat('hi', chat_id=unique)
+    assert 1.9 <= time.monotonic() - started < 3.4
+    assert registry['slow'].chat('again', chat_id=unique)['text'] == 'late'     # lock_wait 0: it was free
+
+
+@pytest.mark.parametrize('framing', ['close', 'length'])
+def test_an_invoke_whose_body_has_no_chunks_is_cut_at_timeout(server, open_registry, framing):
+    server.script = [(200, {'content-type': 'application/json', 'connection': 'close'},
+                      Trickle(ANSWER, 0.7, framing=framing))]
+    registry = open_registry({'llm': [{'name': 'slow', 'provider': 'openai', 'model': 'gpt-4.1',
+                                       'address': server.url, 'timeout': 1, 'max_retries': 0}]})
+    started = time.monotonic()
+    with pytest.raises(LLMTimeout, match='"timeout" \\(1 s\\)'):
+        registry['slow'].invoke('hi')
+    assert time.monotonic() - started < 2.2
+
+
+# -- event streams sent without chunked encoding ---------------------------------------------------------
+
+@pytest.mark.parametrize('framing', ['close', 'length'])
+def test_an_unchunked_event_stream_is_read_as_it_arrives(server, framing):
+    deltas = [chunk(str(n)) for n in range(10)] + [FINISH]
+    server.script = [(200, {'content-type': 'text/event-stream'}, Trickle(deltas, 0.1, framing=framing))]
+    transport = Transport('t', pool_size=1, timeout=5, max_retries=0)
+    started = time.monotonic()
+    arrivals = [(event.data, time.monotonic() - started)
+                for event in transport.post_stream(server.url + '/s', {}, {}).events]
+    assert [json.loads(data)['choices'][0]['delta'].get('content') for data, _ in arrivals[:10]] == \
+        [str(n) for n in range(10)]
+    assert len(arrivals) == 12                      # ten deltas, the finish, [DONE]
+    assert arrivals[0][1] < arrivals[9][1] - 0.5    # the first came long before the last, not with it
+
+
+@pytest.mark.parametrize('framing', ['close', 'length'])
+def test_an_unchunked_event_stream_that_stalls_is_cut_at_timeout(server, framing):
+    slow = chunk('b') * 40          # each event of it takes 1.4 s to trickle in, byte by byte
+    server.script = [(200, {'content-type': 'text/event-stream'},
+                      Trickle([chunk('a')] + [slow[i:i + 1] for i in range(len(slow))], 0.02, framing=framing))]
+    transport = Transport('t', pool_size=1, timeout=0.6, max_retries=0)
+    seen = []
+    with pytest.raises(LLMTimeout, match='stalled'):
+        for event in transport.post_stream(server.url + '/s', {}, {}).events:
+            seen.append(event.data)
+    # The first event arrived before the stall; the half event cut off by the deadline is not handed on
+    # (a body without chunks ends cleanly when the deadline shuts its socket).
+    assert seen == [chunk('a')[6:-2].decode()]
+
+
+def test_an_unchunked_event_stream_is_bounded_by_stream_timeout(server):
+    server.script = [(200, {'content-type': 'text/event-stream'}, Trickle([chunk('x')] * 200, 0.05, 'close'))]
+    transport = Transport('t', pool_size=1, timeout=2, max_retries=0, stream_timeout=1)
+    started = time.monotonic()
+    seen = 0
+    with pytest.raises(LLMTimeout, match='stream_timeout'):
+        for _ in transport.post_stream(server.url + '/s', {}, {}).events:
+            seen += 1
+    assert seen > 3 and time.monotonic() - started < 2.5
