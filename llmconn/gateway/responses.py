@@ -30,7 +30,8 @@ from typing import Any
 
 from llmconn.errors import GatewayError
 from llmconn import items as canon
-from llmconn.gateway import backend, call_registry, input_items, items as mod_items, reasoning, tools as mod_tools
+from llmconn.gateway import backend, call_registry, forget, input_items, items as mod_items, reasoning
+from llmconn.gateway import tools as mod_tools
 from llmconn.gateway.capabilities import RESPONSES
 from llmconn.gateway.echo import shown, shown_all
 from llmconn.gateway.policy import Policy, check_history, resolve
@@ -102,7 +103,7 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
     if resolution.downgrades:
         logger.info('Downgrade accepted: tenant=%s key=%s model=%s losses=%s', key.tenant, key.id, model,
                     ','.join(resolution.downgrades))
-    return Call(key=key, conn=conn, model=model, stream=stream, store=store, mode=mode,
+    call = Call(key=key, conn=conn, model=model, stream=stream, store=store, mode=mode,
                 instructions=instructions, metadata=_metadata(body.get('metadata'), resolution.downgrades),
                 params=_ask_encrypted(conn, store, resolution.params), downgrades=resolution.downgrades,
                 conversation=conversation, context=context, previous=previous, input=new_items,
@@ -110,6 +111,9 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
                 provider_previous_id=previous['provider_response_id'] if _provider_kept(previous) else '',
                 tools=tools, hosted=hosted, sealer=sealer if sealing else None, custom=custom,
                 echo_tools=[_echo(t) for t in tools] + [h for h in hosted if h.get('type') == 'custom'])
+    if previous is not None:
+        forget.join(gw, key.tenant, previous, call.id)      # so that deleting an ancestor finds it
+    return call
 
 
 def _new_items(gw: Any, key: Any, body: dict, sealing: bool) -> tuple[list, Any]:
@@ -235,6 +239,7 @@ def _previous(gw: Any, key: Any, previous_id: Any, conn: Any) -> dict | None:
     if mode == 'gateway' and key.retention == 'zero':
         raise GatewayError('a zero-retention key cannot continue a response the gateway keeps; the replay would '
                            'reuse retained conversation text', param='previous_response_id')
+    forget.check(gw, key.tenant, record)
     return record
 
 
@@ -286,6 +291,8 @@ def record(call: Call, status: str, usage: dict | None, output: list, *, provide
     rec = {'id': call.id, 'tenant': call.key.tenant, 'key_id': call.key.id, 'model': call.model,
            'provider_kind': backend.kind(call.conn), 'store_mode': call.mode, 'retention': call.key.retention,
            'previous_response_id': call.previous['id'] if call.previous else None,
+           'chain': forget.chain_of(call.previous) if call.previous else call.id,
+           'lineage': forget.lineage(call.previous),
            'provider_response_id': provider_id if call.mode == 'provider' else '',
            'created_at': call.created_at, 'expires_at': call.created_at + ttl,
            'completed_at': None if status == 'in_progress' else mod_time.time(),

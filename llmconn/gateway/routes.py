@@ -3,7 +3,7 @@
     POST   /v1/responses          create (plain or ``stream: true``)
     GET    /v1/responses/{id}     a stored response of the key's tenant
     GET    /v1/responses/{id}/input_items   the input it was made from, a page at a time
-    DELETE /v1/responses/{id}     forget it (its state goes with it)
+    DELETE /v1/responses/{id}     forget it, and its content in every continuation (:mod:`.forget`)
     POST   /v1/chat/completions   stateless, plain or streamed
     GET    /v1/models[/{id}]      the connections the key may use
 
@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 from llmconn.errors import (GatewayError, InvalidInput, LLMAuthError, LLMConnError, LLMError, LLMRateLimited,
                             LLMTimeout, StoreError)
-from llmconn.gateway import chat_completions, dispatch, input_items, responses
+from llmconn.gateway import chat_completions, dispatch, forget, input_items, responses
 from llmconn.gateway.echo import MAX_PARAM_CHARS, bounded, shown
 from llmconn.gateway.keys import GatewayConfig, bearer_token, find_key
 from llmconn.gateway.ledger import Ledger, ledger_client
@@ -125,11 +125,13 @@ def _missing(response_id: str) -> GatewayError:
 
 
 def _stored_response(gw: Gateway, key: Any, method: str, response_id: str) -> tuple:
+    # DELETE finds what GET finds: a response of another model of the key's list, or one kept without
+    # its text (store: false, zero retention), is 404 to both.
+    record = _stored(gw, key, response_id)
     if method == 'DELETE':
-        if not gw.ledger.delete(key.tenant, response_id):
-            raise _missing(response_id)
+        forget.forget(gw, key.tenant, record)
         return _json(200, {'id': response_id, 'object': 'response', 'deleted': True})
-    return _json(200, responses.from_record(_stored(gw, key, response_id)))
+    return _json(200, responses.from_record(record))
 
 
 def _stored(gw: Gateway, key: Any, response_id: str) -> dict:
