@@ -1,13 +1,20 @@
 """One configured LLM connection: ``invoke``, ``chat``, ``stream``, ``ping`` and history.
 
-All three call styles run one pipeline, :meth:`Connection._pipeline`, which
-yields normalized events; ``invoke`` and ``chat`` simply drain it. It reads::
+Every provider call goes through one entry, :meth:`Connection.run`, which
+takes a :class:`~llmconn.types.CallSpec` and returns the call's events:
+``invoke`` and ``chat`` drain them, ``stream`` hands them out, and the
+gateway (``llmconn.gateway``) builds a spec of its own conversation and
+reads the ``done`` event's result and reply. ``run`` alone does::
 
     check   (arguments, tools: before any network call)
+    count   (in flight for a reload's retire(), observed for metrics and the access log,
+             tallied in the usage ledger under the connection, model and gateway key)
     begin   (with a chat id, 1 Redis round trip: take the chat's lock, read the window)
     (render -> call -> parse -> run tools)*   (the lock is renewed in the background meanwhile)
     save    (1 Redis round trip: append the turn, trim, expire, release)
 
+read top-down in :meth:`_pipeline`, :meth:`_turn`, :meth:`_round` and
+:meth:`_call`; the transport below does the deadline and the retries.
 Everything that can be checked is checked before ``begin``, so bad input
 never costs a network call, and a store outage is found before any token
 is spent. A turn is saved only after the model's final answer (or, with
@@ -15,13 +22,14 @@ manual tools, its calls) is complete, and before ``done`` is handed out; a
 failure, a broken stream, a tool loop past ``max_tool_rounds`` or a caller
 that stops iterating early saves nothing and frees the lock at once. How
 each provider call of a turn is built from the window (a stateful API's
-chain included) is the provider's :meth:`~llmconn.providers.base.Provider.chain`.
+chain included) is the provider's :meth:`~llmconn.providers.base.Provider.chain`;
+a caller that keeps the chain itself gives it in the spec.
 """
 
 from __future__ import annotations
 
 import time as mod_time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 from llmconn import items as mod_items
@@ -34,12 +42,12 @@ from llmconn.config import ConnectionConfig
 from llmconn.errors import InactiveConnection, InvalidInput, LLMError, ToolLoopLimit
 from llmconn.lifetime import Counted, InFlight
 from llmconn.providers import PROVIDERS
-from llmconn.providers.base import STREAM, SYSTEM, TOOLS
+from llmconn.providers.base import STREAM, SYSTEM, TOOLS, Chain
 from llmconn.skills import SkillCache
 from llmconn.text import clean
 from llmconn.transport import Transport
 from llmconn.tool_loop import TurnLoop, check_outputs, check_pending, public_call
-from llmconn.types import Event, Reply, Request, Turn
+from llmconn.types import CallSpec, Event, Reply, Request, Turn
 from llmconn.usage import NO_LEDGER
 
 PING_TEXT = 'ping'              # what ping() asks a server that has no model list
@@ -47,16 +55,12 @@ PING_TEXT = 'ping'              # what ping() asks a server that has no model li
 
 @dataclass
 class _Call:
-    """One call's checked arguments."""
+    """One call's checked spec, and what the checks made of it."""
 
-    text: str
-    chat_id: str
-    system: str
-    params: dict
-    stream: bool
+    spec: CallSpec
+    system: str = ''
     tools: tuple = ()
     hosted: tuple = ()
-    outputs: dict | None = None     # tool_outputs= completing a pending turn
     by_name: dict = field(default_factory=dict)
 
 
@@ -85,7 +89,7 @@ class Connection:
 
     def invoke(self, text: str, skill: str = '', tools: Any = None, **params: Any) -> dict:
         """One-shot call: no history is read, written or locked."""
-        return self._drain(self._events(text, '', skill, params, False, tools, None))
+        return self._drain(self.run(CallSpec(text, skill=skill, params=params, tools=tools)))
 
     def chat(self, text: str = '', chat_id: str = '', skill: str = '', tools: Any = None,
              tool_outputs: dict | None = None, **params: Any) -> dict:
@@ -93,7 +97,7 @@ class Connection:
 
         ``tool_outputs={call_id: output}`` (and no text) answers a turn left pending by manual tools.
         """
-        return self._drain(self._events(text, chat_id, skill, params, False, tools, tool_outputs))
+        return self._drain(self.run(CallSpec(text, chat_id, skill, params, tools=tools, outputs=tool_outputs)))
 
     def stream(self, text: str = '', chat_id: str = '', skill: str = '', tools: Any = None,
                tool_outputs: dict | None = None, **params: Any) -> Iterator[Event]:
@@ -102,7 +106,22 @@ class Connection:
         if STREAM not in self.provider.capabilities:
             raise InvalidInput(f'{self.name}: provider {self.conf.provider} does not support the capability '
                                f'"{STREAM}"; use chat() instead')
-        return self._events(text, chat_id, skill, params, True, tools, tool_outputs)
+        return self.run(CallSpec(text, chat_id, skill, params, True, tools, tool_outputs))
+
+    def run(self, spec: CallSpec) -> Iterator[Event]:
+        """The one entry of every provider call: check ``spec`` now, then return its lazy events.
+
+        Bad input raises here, before any network call. The events end with
+        one ``done`` (its ``result`` the dict ``invoke`` returns, its ``reply``
+        the last provider answer); the call counts as in flight until they
+        end, however they end (exhausted, failed, closed or collected), and is
+        observed and counted in the usage ledger (under ``spec.key_id``). A
+        ``stream`` spec on a provider that cannot stream gets the whole answer
+        as deltas.
+        """
+        call = self._checked(spec)
+        tally = self.usage.call(self.name, self.conf.model, spec.key_id)
+        return Counted(observe.call(self.name, tally.track(self._pipeline(call, tally))), self.calls)
 
     def ping(self) -> bool:
         """True when the provider answers; raises LLMError otherwise.
@@ -123,7 +142,7 @@ class Connection:
         except LLMError as e:
             if e.status not in (404, 405):
                 raise
-        self._drain(self._pipeline(_Call(PING_TEXT, '', '', {}, False), NO_LEDGER.call(self.name, self.conf.model)))
+        self._drain(self._pipeline(_Call(CallSpec(PING_TEXT)), NO_LEDGER.call(self.name, self.conf.model)))
         return True
 
     def history(self, chat_id: str) -> list[dict]:
@@ -161,65 +180,73 @@ class Connection:
 
     # -- the pipeline ----------------------------------------------------------------------------
 
-    def _events(self, text: str, chat_id: str, skill: str, params: dict, stream: bool, tools: Any,
-                outputs: Any) -> Iterator[Event]:
-        """Check everything now (so bad input fails at the call), then return the lazy pipeline."""
+    def _checked(self, spec: CallSpec) -> _Call:
+        """Everything about a call that can be known before the network, checked (InvalidInput)."""
         self._check_active()
-        _check_chat_id(chat_id, required=outputs is not None)
-        if outputs is None:
-            _check_text(text)
-        else:
-            check_outputs(text, outputs)
-        check_params(params, self.provider.reserved_params)
-        call = _Call(text, chat_id, self._system(skill), params, stream, outputs=outputs)
-        self._check_tools(call, tools)
-        tally = self.usage.call(self.name, self.conf.model)
-        return Counted(observe.call(self.name, tally.track(self._pipeline(call, tally))), self.calls)
+        _check_chat_id(spec.chat_id, required=spec.outputs is not None)
+        if spec.chat_id and (spec.history or spec.items or spec.chain):
+            raise InvalidInput('a call continues either a stored chat (chat_id) or the caller\'s own '
+                               'conversation (history, items), not both')
+        if spec.outputs is not None:
+            check_outputs(spec.text, spec.outputs)
+        elif spec.text or not spec.items:       # a turn in progress may go on without new text
+            _check_text(spec.text)
+        check_params(spec.params, self.provider.reserved_params)
+        call = _Call(spec, system=self._system(spec.skill, spec.system))
+        self._check_tools(call, spec.tools)
+        return call
 
     def _pipeline(self, call: _Call, tally) -> Iterator[Event]:
-        if not call.chat_id:
-            turn = yield from self._turn(call, [], None, tally)
-            yield Event('done', result=turn.result)
+        spec = call.spec
+        if not spec.chat_id:
+            loop = yield from self._turn(call, list(spec.history), None, tally)
+            yield Event('done', result=loop.result, reply=loop.last)
             return
         conf = self.conf
         # The lock is released on every way out; if that release fails while another error is
         # already on its way out, the store logs it rather than hide the first error.
-        with self.store.begin(self.name, call.chat_id, window=conf.max_history_turns - 1,
+        with self.store.begin(self.name, spec.chat_id, window=conf.max_history_turns - 1,
                               lock_ttl=conf.lock_ttl, lock_wait=conf.lock_wait) as lock:
             window = list(lock.turns)
             pending = window.pop() if window and window[-1].pending else None
-            check_pending(pending, call)
-            turn = yield from self._turn(call, window, pending, tally)
-            result = turn.result
-            lock.save(Turn(user=pending.user if pending else call.text, assistant=turn.text,
-                           items=turn.stored_items(), tag=self.provider.tag if turn.stored_items() else '',
-                           state=turn.state, ts=mod_time.time(), meta=turn.last.meta),
+            check_pending(pending, spec)
+            loop = yield from self._turn(call, window, pending, tally)
+            result = loop.result
+            lock.save(Turn(user=pending.user if pending else spec.text, assistant=loop.text,
+                           items=loop.stored_items(), tag=self.provider.tag if loop.stored_items() else '',
+                           state=loop.state, ts=mod_time.time(), meta=loop.last.meta),
                       expiry=conf.chat_expiry, max_turns=conf.max_stored_turns, replace_last=pending is not None,
-                      counters=tally.save_entry(self.name, call.chat_id, result, lock))
+                      counters=tally.save_entry(self.name, spec.chat_id, result, lock))
             tally.saved()
-            yield Event('done', result=result)
+            yield Event('done', result=result, reply=loop.last)
 
     def _turn(self, call: _Call, window: list[Turn], pending: Turn | None, tally) -> Iterator[Event]:
         """The tool loop: call, parse, run the tools the model asked for, until it answers.
 
         Each answered round is told to ``tally``: its tokens count even if a later round fails.
         """
-        chain = self.provider.chain(window)
-        base = Request(pending.user if pending else call.text, call.system, (), call.params, call.stream,
-                       tools=call.tools, hosted=call.hosted, tag=self.provider.tag)
-        loop = TurnLoop(pending, call.outputs, self.provider.tag)
+        spec = call.spec
+        # A chain the caller keeps (the gateway's previous_response_id) is sent as given, never re-derived.
+        chain = Chain(window) if spec.chain else self.provider.chain(window)
+        base = Request(pending.user if pending else spec.text, call.system, (), spec.params, spec.stream,
+                       tools=call.tools, hosted=call.hosted, chain=spec.chain, tag=self.provider.tag,
+                       stateless=spec.stateless)
+        loop = TurnLoop(pending, spec.outputs, self.provider.tag, given=spec.items, given_tag=spec.tag)
         while True:
             if loop.rounds >= self.conf.max_tool_rounds:
                 raise ToolLoopLimit(f'{self.name}: the model still asked for tools after {loop.rounds} provider '
                                     f'calls (max_tool_rounds); nothing was saved. Raise max_tool_rounds or '
                                     f'check what the tools answer')
-            reply = yield from self._round(chain, chain.request(base, loop.items, loop.last), call.stream)
+            reply = yield from self._round(chain, chain.request(base, loop.items, loop.last), spec.stream)
             tally.answered(reply)
             loop.add(reply, chain.state(reply))
             for item in reply.calls:
-                if call.stream:
+                if spec.stream:
                     yield Event('tool_call', call=public_call(item))
             if not reply.calls:
+                return loop
+            if not spec.run_tools:
+                loop.waiting = True     # the caller runs every tool (the gateway's clients)
                 return loop
             if loop.rounds >= self.conf.max_tool_rounds:
                 continue        # raises above, before any tool runs for nothing
@@ -235,7 +262,7 @@ class Connection:
                 continue
             output, is_error = mod_tools.run(tool, item['name'], item['arguments'])
             loop.items.append(mod_items.output(item['call_id'], output, is_error))
-            if call.stream:
+            if call.spec.stream:
                 yield Event('tool_result', call=dict(public_call(item), output=output, is_error=is_error))
 
     def _round(self, chain, request: Request, stream: bool) -> Iterator[Event]:
@@ -258,16 +285,29 @@ class Connection:
         return (yield from self._call(retry))
 
     def _call(self, request: Request) -> Iterator[Event]:
-        body = self.provider.build_request(request)
-        if not request.stream:
-            if self.provider.raw_answers:
-                answer = self.transport.exchange(self.provider.http_method, self.provider.url(), self._headers, body)
-            else:
-                answer = self.transport.post(self.provider.url(stream=False), self._headers, body)
-            return self.provider.done(self.provider.parse_response(answer))
-        reply = None
-        for event in self.provider.read_stream(
-                self.transport.post_stream(self.provider.url(stream=True), self._headers, body)):
+        if request.stream and STREAM in self.provider.capabilities:
+            return (yield from self._streamed(request))
+        reply = self._answer(replace(request, stream=False) if request.stream else request)
+        if request.stream:      # a provider that cannot stream: its whole answer is handed on as deltas
+            if reply.thinking:
+                yield Event('thinking', text=reply.thinking)
+            if reply.text:
+                yield Event('text', text=reply.text)
+        return reply
+
+    def _answer(self, request: Request) -> Reply:
+        provider = self.provider
+        body = provider.build_request(request)
+        if provider.raw_answers:
+            answer = self.transport.exchange(provider.http_method, provider.url(), self._headers, body)
+        else:
+            answer = self.transport.post(provider.url(stream=False), self._headers, body)
+        return provider.done(provider.parse_response(answer))
+
+    def _streamed(self, request: Request) -> Iterator[Event]:
+        provider, reply = self.provider, None
+        body = provider.build_request(request)
+        for event in provider.read_stream(self.transport.post_stream(provider.url(stream=True), self._headers, body)):
             if isinstance(event, Reply):
                 reply = event
             else:
@@ -283,17 +323,20 @@ class Connection:
             raise InactiveConnection(f'connection "{self.name}" is not active; set is_active: true in its '
                                      f'configuration to use it')
 
-    def _system(self, skill: str) -> str:
-        if not skill:
+    def _system(self, skill: str, given: str = '') -> str:
+        """The call's system prompt: the caller's own, or the skill's instructions."""
+        if not skill and not given:
             return ''
-        check_skill(skill)
+        if skill:
+            check_skill(skill)
         if SYSTEM not in self.provider.capabilities:
             raise InvalidInput(f'{self.name}: provider {self.conf.provider} does not support the capability '
-                               f'"{SYSTEM}" that skills need')
-        return self.skills.get(skill).instructions
+                               f'"{SYSTEM}" that {"skills need" if skill else "a system prompt needs"}')
+        return given or self.skills.get(skill).instructions
 
     def _check_tools(self, call: _Call, tools: Any) -> None:
         if tools is None:
+            call.hosted = call.spec.hosted
             return
         if TOOLS not in self.provider.capabilities:
             raise InvalidInput(f'{self.name}: provider {self.conf.provider} does not support the capability '
@@ -301,7 +344,7 @@ class Connection:
         if not isinstance(tools, (list, tuple)):
             raise InvalidInput('tools must be a list of callables or llmconn.Tool objects, e.g. tools=[get_order]')
         hosted = [t for t in tools if isinstance(t, dict)]
-        call.hosted = mod_tools.check_hosted(hosted, self.conf.hosted_tools)
+        call.hosted = call.spec.hosted + mod_tools.check_hosted(hosted, self.conf.hosted_tools)
         call.tools = mod_tools.prepare([t for t in tools if not isinstance(t, dict)])
         call.by_name = {t.name: t for t in call.tools}
 

@@ -2,8 +2,9 @@
 
 The connection's pipeline drives the loop; :class:`TurnLoop` is what it
 builds on the way - the turn's canonical items (a pending turn's, when
-``tool_outputs`` complete it), the usage summed over every provider call,
-the rounds made - and the result dict it hands out at the end.
+``tool_outputs`` complete it, or the caller's own turn in progress), the
+usage summed over every provider call, the rounds made - and the result
+dict it hands out at the end.
 """
 
 from __future__ import annotations
@@ -19,8 +20,12 @@ from llmconn.types import Reply, Turn, add_usage
 class TurnLoop:
     """The turn being built: its items, usage and rounds so far."""
 
-    def __init__(self, pending: Turn | None, outputs: dict | None, tag: str) -> None:
-        self.items: list[dict] = []
+    def __init__(self, pending: Turn | None, outputs: dict | None, tag: str, given: tuple = (),
+                 given_tag: str = '') -> None:
+        # ``given``: a turn in progress the caller keeps (the gateway's calls and outputs), natives
+        # kept only for the provider, model and mode that made them; it is not this call's to count.
+        self.items: list[dict] = list(given) if given_tag == tag else mod_items.plain(list(given))
+        self.given = len(self.items)
         self.last: Reply | None = None
         self.rounds = 0
         self.usage: dict = {}
@@ -57,7 +62,7 @@ class TurnLoop:
         result['text'] = self.text
         result['usage'] = add_usage({}, self.usage)
         result['rounds'] = self.rounds
-        calls = mod_items.tool_calls(self.items)
+        calls = mod_items.tool_calls(self.items[self.given:])
         if calls:
             result['tool_calls'] = calls
         if self.waiting:

@@ -6,7 +6,9 @@ final answer - tool calls and outputs, reasoning, hosted-tool items - tagged
 with the provider, model and mode whose natives they carry. ``state`` is the
 provider's own bookkeeping for stateful APIs, opaque to everything else. A
 provider receives a :class:`Request`, answers with :class:`Event` deltas while
-streaming and one :class:`Reply` at the end.
+streaming and one :class:`Reply` at the end. A caller of a connection's one
+entry, :meth:`llmconn.connection.Connection.run`, describes its call as a
+:class:`CallSpec`.
 """
 
 from __future__ import annotations
@@ -76,6 +78,36 @@ class Request:
     hosted: tuple = ()                  # provider-native hosted tool definitions
     chain: Mapping = field(default_factory=dict)    # a stateful provider's per-call state
     tag: str = ''                       # the tag of ``items``' natives (always this provider's)
+    stateless: bool = False             # the provider must keep nothing of this call (a stateful API too)
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """One call as its caller asks for it; :meth:`~llmconn.connection.Connection.run` checks and runs it.
+
+    ``invoke``, ``chat`` and ``stream`` fill in the first fields. A caller that
+    keeps the conversation itself (the gateway) gives the ``system`` prompt,
+    the ``history`` turns and the turn in progress (``items``, whose natives are
+    ``tag``'s) instead of a skill and a chat id, and may give a stateful
+    provider's ``chain`` (``previous_response_id``, ``continuation``) itself.
+    """
+
+    text: str = ''
+    chat_id: str = ''
+    skill: str = ''
+    params: Mapping = field(default_factory=dict)
+    stream: bool = False
+    tools: Any = None                   # callables / Tools / hosted dicts, as ``tools=`` takes them
+    outputs: Mapping | None = None      # ``tool_outputs=`` answering a pending turn
+    system: str = ''                    # a system prompt of the caller's own (no skill then)
+    history: tuple = ()                 # the caller's own window of Turns (no chat id then)
+    items: tuple = ()                   # the turn in progress, given by the caller
+    tag: str = ''                       # whose natives ``items`` hold
+    hosted: tuple = ()                  # hosted tool definitions the caller already checked
+    chain: Mapping = field(default_factory=dict)    # the provider-side chain, when the caller keeps it
+    stateless: bool = False             # the provider must keep nothing (the gateway's ``store: false``)
+    run_tools: bool = True              # False: every call the model makes goes back to the caller
+    key_id: str = ''                    # the gateway key the usage ledger counts the call under
 
 
 # The counts a call's usage holds (SPEC §17), 0 when the provider reports none. ``input_tokens``
@@ -156,6 +188,7 @@ class Event:
     text: str = ''
     result: dict | None = None
     call: dict | None = None
+    reply: 'Reply | None' = None        # on ``done``: the last provider answer, whole (the gateway reads it)
 
     def __repr__(self) -> str:
         if self.type == 'done':

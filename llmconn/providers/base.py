@@ -100,6 +100,31 @@ class Provider:
         """How each call of a turn is built from the window; stateful providers override it."""
         return Chain(window)
 
+    # -- what an answer means, for callers that report it (the gateway): per provider kind
+
+    # The provider's stop reasons that mean "cut short", each as the reason a Response gives
+    # (``incomplete_details.reason``); :meth:`stop_reason` finds the provider's own in its answer.
+    cut_short: ClassVar[dict[str, str]] = {}
+
+    def stop_reason(self, raw: dict) -> Any:
+        """Why the model stopped, in the provider's own words (None when the answer does not say)."""
+        return None
+
+    def finish(self, raw: Any) -> tuple[str, str]:
+        """``("completed", "")``, or ``("incomplete", reason)`` for an answer that was cut short."""
+        reason = self.cut_short.get(self.stop_reason(raw)) if isinstance(raw, dict) else None
+        return ('incomplete', reason) if reason else ('completed', '')
+
+    @property
+    def keeps_state(self) -> bool:
+        """True when the provider itself keeps each answer and continues from its id (no replay needed)."""
+        return False
+
+    def lacks_replay(self, steps: list[dict]) -> bool:
+        """True when continuing the turn in progress ``steps`` (as this provider would see them) needs
+        items of the provider's own that they do not carry, so the provider would refuse the call."""
+        return False
+
     def url(self, stream: bool = False) -> str:
         raise NotImplementedError
 

@@ -42,6 +42,9 @@ THINKING_SEPARATOR = '\n\n'
 # Body keys this mapping owns: a param setting them would break the chat or mislabel its items
 # (thinking belongs in the connection, so the tag on stored thinking blocks stays true).
 
+# Thinking types that sign their blocks: a continuation after tool_use must send them back.
+_SIGNED_THINKING = ('enabled', 'adaptive')
+
 # Sampling params Anthropic refuses while thinking is on ("temperature may only be set to 1 when
 # thinking is enabled"; top_k not at all): refused here, before a call is paid for.
 _not_with_thinking = ('temperature', 'top_k')
@@ -60,9 +63,22 @@ class ClaudeProvider(Provider):
         super().check_config(conf)
         _check_sampling(conf, conf.params, ValueError)
 
+    cut_short = {'max_tokens': 'max_output_tokens', 'refusal': 'content_filter'}
+
     @property
     def mode(self) -> str:
         return self.conf.thinking.type if self.conf.thinking else 'plain'
+
+    def stop_reason(self, raw: dict) -> Any:
+        return raw.get('stop_reason')
+
+    def lacks_replay(self, steps: list[dict]) -> bool:
+        """With thinking on, the assistant message that continues after ``tool_use`` must start with
+        its signed thinking block; calls sent back bare (no natives) have none to send."""
+        if self.mode not in _SIGNED_THINKING or not steps:
+            return False
+        said = mod_items.rounds(steps)[-1][0]
+        return bool(mod_items.calls(said)) and not any('native' in s for s in said)
 
     def url(self, stream: bool = False) -> str:
         return f'{self.conf.address}/v1/messages'

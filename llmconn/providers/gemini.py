@@ -56,6 +56,12 @@ class GeminiProvider(Provider):
     json_answer_is_chunks = True       # streamGenerateContent without alt=sse: a JSON array of chunks
     reserved_params = frozenset({'contents', 'systemInstruction', 'system_instruction', 'tools'})
 
+    cut_short = {'MAX_TOKENS': 'max_output_tokens', 'SAFETY': 'content_filter'}
+
+    def stop_reason(self, raw: dict) -> Any:
+        candidate = (raw.get('candidates') or [{}])[0]
+        return candidate.get('finishReason') if isinstance(candidate, dict) else None
+
     def url(self, stream: bool = False) -> str:
         model = self.conf.model
         # A model may be given bare (gemini-2.5-flash) or as its resource name (models/..., tunedModels/...).

@@ -53,6 +53,12 @@ class OpenAIProvider(Provider):
     capabilities = frozenset({STREAM, SYSTEM, TOOLS})
     reserved_params = frozenset({'model', 'messages', 'stream', 'stream_options', 'n', 'tools'})
 
+    cut_short = {'length': 'max_output_tokens', 'content_filter': 'content_filter'}
+
+    def stop_reason(self, raw: dict) -> Any:
+        choice = (raw.get('choices') or [{}])[0]
+        return choice.get('finish_reason') if isinstance(choice, dict) else None
+
     def url(self, stream: bool = False) -> str:
         return f'{self.conf.address}/chat/completions'
 

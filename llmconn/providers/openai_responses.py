@@ -3,7 +3,10 @@
 ``state: local`` (the default) sends ``store: false`` and replays the chat
 window as input items. ``state: provider`` sends ``store: true`` and, when
 the connection gives a ``previous_response_id``, only the new user message;
-without one (a new chain) the window is replayed as in local mode.
+without one (a new chain) the window is replayed as in local mode. A
+stateless call (``Request.stateless``: the gateway's ``store: false``) sends
+``store: false`` in either mode, and asks for the encrypted reasoning the
+items would otherwise be unusable without.
 
 Reasoning models pair each reasoning item with the output message that
 followed it, by id: a reasoning item replayed without its message (or the
@@ -76,6 +79,15 @@ class OpenAIResponsesProvider(Provider):
     def mode(self) -> str:
         return self.conf.state
 
+    @property
+    def keeps_state(self) -> bool:
+        return self.conf.state == 'provider'
+
+    def finish(self, raw: Any) -> tuple[str, str]:
+        if isinstance(raw, dict) and raw.get('status') == 'incomplete':
+            return 'incomplete', (raw.get('incomplete_details') or {}).get('reason') or 'max_output_tokens'
+        return 'completed', ''
+
     def url(self, stream: bool = False) -> str:
         return f'{self.conf.address}/responses'
 
@@ -108,7 +120,7 @@ class OpenAIResponsesProvider(Provider):
             body['instructions'] = request.system
         body['input'] = items
         body['max_output_tokens'] = self.conf.max_tokens
-        body['store'] = stateful
+        body['store'] = stateful and not request.stateless
         if previous:
             body['previous_response_id'] = previous
         tools = [_tool(t) for t in request.tools] + list(request.hosted)
@@ -117,7 +129,7 @@ class OpenAIResponsesProvider(Provider):
         if request.stream:
             body['stream'] = True
         params = self.body_params(request)
-        if not stateful and 'reasoning' in params and 'include' not in params:
+        if not body['store'] and 'reasoning' in params and 'include' not in params:
             body['include'] = [ENCRYPTED_REASONING]
         body.update(params)
         return body
