@@ -189,12 +189,7 @@ def test_an_answer_without_deltas_still_has_its_message():
     assert events.output[0]['content'][0]['text'] == 'whole text'
 
 
-# ---- stop reasons
-
-class _Conn:
-    def __init__(self, kind):
-        self.conf = type('Conf', (), {'provider': kind, 'state': 'local'})()
-
+# ---- stop reasons (each provider's own hook)
 
 @pytest.mark.parametrize('kind, raw, expected', [
     ('claude', {'stop_reason': 'max_tokens'}, ('incomplete', 'max_output_tokens')),
@@ -208,8 +203,8 @@ class _Conn:
     ('claude', None, ('completed', '')),
 ])
 def test_a_cut_short_answer_is_incomplete_on_every_kind(kind, raw, expected):
-    from llmconn.gateway import backend
-    assert backend.finish(_Conn(kind), raw) == expected
+    from tests.provider_helpers import make_provider
+    assert make_provider(kind).finish(raw) == expected
 
 
 # ---- the ledger's Redis client
@@ -254,46 +249,6 @@ def test_the_embedded_store_keeps_its_own_client():
     store = open_store('memory://gateway-test')
     assert mod_ledger.ledger_client(store) is mod_ledger.store_client(store)
     store.close()
-
-
-def test_a_backend_that_cannot_stream_answers_whole_as_a_stream():
-    from llmconn.gateway import backend
-    from llmconn.gateway.items import Conversation
-    from llmconn.types import Reply
-
-    class Whole:
-        capabilities = frozenset({'system'})
-        tag = 'whole/m/'
-
-        def build_request(self, request):
-            assert not request.stream
-            return {'q': request.text}
-
-        def url(self, stream=False):
-            return 'http://whole'
-
-        def headers(self):
-            return {}
-
-        def parse_response(self, body):
-            return Reply(text='the answer', thinking='hm', input_tokens=1, output_tokens=2)
-
-        def done(self, reply):
-            return reply
-
-    class Transport:
-        def post(self, url, headers, body):
-            return {'echo': body}
-
-    conn = type('Conn', (), {'provider': Whole(), 'transport': Transport(),
-                             'conf': type('C', (), {'provider': 'whole', 'state': 'local'})()})()
-    events = list(backend.events(conn, Conversation('', (), 'q'), {}, True))
-    assert [(e.type, e.text) for e in events[:-1]] == [('thinking', 'hm'), ('text', 'the answer')]
-    assert events[-1].type == 'done'
-    with pytest.raises(GatewayError) as refused:
-        Whole.capabilities = frozenset()
-        backend.events(conn, Conversation('rules', (), 'q'), {}, False)
-    assert refused.value.param == 'instructions'
 
 
 def test_a_hostile_call_id_is_refused_without_echoing_it():

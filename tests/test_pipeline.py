@@ -15,6 +15,8 @@ import pytest
 import llmconn
 from llmconn import items as mod_items
 from llmconn.errors import InvalidInput
+from llmconn.gateway.capabilities import KINDS
+from llmconn.providers import PROVIDERS
 from llmconn.tools import Tool
 from llmconn.types import CallSpec, Request
 from tests.provider_helpers import make_provider
@@ -113,3 +115,7 @@ def test_claude_with_thinking_needs_its_signed_thinking_before_answered_calls():
     assert thinking.lacks_replay(bare) and not thinking.lacks_replay(signed)
     assert not make_provider('claude').lacks_replay(bare)
     assert not any(make_provider(k).lacks_replay(bare) for k in ('openai', 'gemini', 'openai-responses'))
+
+
+def test_the_capability_matrix_has_a_column_for_every_provider_and_no_other():
+    assert KINDS == tuple(PROVIDERS)

@@ -10,7 +10,7 @@ into that named loss (``fallback_policy``). Modules, one concern each:
     docs.py              docs/gateway.md's compatibility tables, generated from the matrix
     dispatch.py          sending a Responses call and recording it, plain or streamed
     items.py             canonical conversation items and how they become a provider request
-    backend.py           the one seam between the gateway and a connection's provider
+    backend.py           a request as a CallSpec through Connection.run, the library's one entry
     ledger.py            the state ledger and usage records in Redis
     responses.py         POST/GET/DELETE /v1/responses: request parsing, Response objects
     stream.py            the Responses and Chat Completions event streams (the normalizer)

@@ -26,9 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from llmconn.providers import PROVIDERS
+
 
 NATIVE, EMULATED, UNSUPPORTED = 'native', 'emulated', 'unsupported'
-KINDS = ('openai-responses', 'openai', 'claude', 'gemini', 'template')
+KINDS = tuple(PROVIDERS)        # the matrix's columns: every provider kind, nothing else to keep in step
 TEMPLATE = 'template'       # an endpoint described by two Jinja2 templates (SPEC §12): one whole text answer
 RESPONSES, CHAT = 'responses', 'chat.completions'
 

@@ -9,7 +9,10 @@ retention, the provider items its tool calls need replayed
 (:mod:`llmconn.gateway.call_registry`), and only the day's usage counters of the
 tenant, key and model are updated. Streams are ``chat.completion.chunk``
 objects ending in ``data: [DONE]``; ``stream_options.include_usage`` adds
-the final chunk with ``choices: []`` and the usage, as OpenAI does.
+the final chunk with ``choices: []`` and the usage, as OpenAI does. A
+stream the client leaves is counted ``cancelled`` with the output tokens
+estimated from the text it streamed (marked so in the log), as the
+Responses route records them.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from llmconn.gateway.capabilities import CHAT
 from llmconn.gateway.echo import bounded
 from llmconn.gateway.policy import Policy, resolve
 from llmconn.gateway.responses import DOWNGRADES_KEY
-from llmconn.gateway.stream import ChatChunks, chat_sse
+from llmconn.gateway.stream import ChatChunks, chat_sse, estimated_usage
 
 logger = logging.getLogger('llmconn.gateway')
 
@@ -94,8 +97,9 @@ def _usage(reply: Any) -> dict:
 
 
 def complete(gw: Any, call: ChatCall) -> dict:
+    events = _events(call)      # checked now; the backend is reached below
     try:
-        reply = next(e for e in _events(call) if e.type == 'done').reply
+        reply = backend.answer(events)
     except LLMConnError:
         _count(gw, call, 'failed', None)
         raise
@@ -150,7 +154,9 @@ def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provide
     finally:
         provider.close()
         if not ended:
-            _count(gw, call, 'cancelled', None)
+            logger.info('Completion %s cancelled by the client after %d streamed characters; its usage is '
+                        'estimated', call.id, chunks.streamed_chars)
+            _count(gw, call, 'cancelled', None, estimated=estimated_usage(chunks.streamed_chars))
 
 
 def _remember(gw: Any, call: ChatCall, reply: Any) -> list:
@@ -164,8 +170,9 @@ def _remember(gw: Any, call: ChatCall, reply: Any) -> list:
     return backend.calls(steps)
 
 
-def _count(gw: Any, call: ChatCall, status: str, reply: Any, calls: list = ()) -> None:
-    usage = reply.usage if reply else {}
+def _count(gw: Any, call: ChatCall, status: str, reply: Any, calls: list = (),
+           estimated: dict | None = None) -> None:
+    usage = reply.usage if reply is not None else estimated or {}
     try:
         gw.ledger.count({'tenant': call.key.tenant, 'key_id': call.key.id, 'model': call.model,
                          'status': status, 'usage': usage, 'created_at': call.created,

@@ -1,13 +1,15 @@
 """Sending a prepared Responses call and recording what happened, plain or streamed.
 
-A response's record is saved before its answer goes out: a client that has
-``response.completed`` (or the JSON body) can continue from its id at once,
-on any gateway process sharing the Redis. A response is recorded
-``in_progress`` first (before the provider is called, so a store outage costs
-no tokens), then ``completed`` / ``incomplete`` / ``failed``; if
-the client goes away mid-stream the server closes the body, which closes
-the provider's stream (its HTTP connection) and records the response
-``cancelled`` with the usage seen so far (estimated from the streamed text
+The call goes through the connection's one entry (:mod:`llmconn.gateway.backend`),
+which checks it before anything is recorded. A response's record is saved
+before its answer goes out: a client that has ``response.completed`` (or
+the JSON body) can continue from its id at once, on any gateway process
+sharing the Redis. A response is recorded ``in_progress`` first (before the
+provider is called, so a store outage costs no tokens), then ``completed`` /
+``incomplete`` / ``failed`` (a backend that fails before its first event
+included); if the client goes away mid-stream the server closes the body,
+which closes the provider's stream (its HTTP connection) and records the
+response ``cancelled`` with the usage seen so far (estimated from the streamed text
 when the provider had not reported any, and marked so).
 """
 
@@ -43,12 +45,22 @@ def _finished(call: Call, reply: Any) -> tuple[str, str, dict, dict, list]:
     return status, reason, usage, answer, backend.calls(steps)
 
 
+def _started(gw: Any, call: Call, events: Iterator) -> None:
+    """Record the response in progress before the provider is reached: a store outage costs no tokens."""
+    try:
+        gw.ledger.save(record(call, 'in_progress', None, []), call.expiry)
+    except BaseException:
+        events.close()          # never started: it leaves the connection's calls in flight now
+        raise
+
+
 def respond(gw: Any, call: Call) -> dict:
     """A plain (unstreamed) response: record it started, call, record the ending, answer."""
-    gw.ledger.save(record(call, 'in_progress', None, []), call.expiry)     # a store outage costs no tokens
+    events = _provider_events(call, False)
+    _started(gw, call, events)
     try:
-        reply = next(e for e in _provider_events(call, False) if e.type == 'done').reply
-    except LLMConnError as e:
+        reply = backend.answer(events)
+    except Exception as e:
         _record_failure(gw, call, e, [])
         raise
     status, reason, usage, answer, calls = _finished(call, reply)
@@ -61,11 +73,11 @@ def respond(gw: Any, call: Call) -> dict:
 
 def stream(gw: Any, call: Call) -> Iterator[bytes]:
     """The SSE body of a streamed response; the provider is reached (and may refuse) before this returns."""
-    gw.ledger.save(record(call, 'in_progress', None, []), call.expiry)
     events = _provider_events(call, True)
+    _started(gw, call, events)
     try:
         first = next(events)
-    except LLMConnError as e:
+    except Exception as e:      # refused, unreachable, or failed before its first event: recorded failed
         _record_failure(gw, call, e, [])
         raise
     normalizer = ResponseEvents(response_object(call, 'in_progress', [], None))
@@ -117,7 +129,8 @@ def _save_quietly(gw: Any, rec: dict, call: Call) -> None:
 
 
 def _error(e: Exception) -> dict:
-    return {'code': 'server_error', 'message': bounded(str(e))}
+    message = str(e) if isinstance(e, LLMConnError) else 'internal error'     # no internals in a record
+    return {'code': 'server_error', 'message': bounded(message)}
 
 
 def _record_failure(gw: Any, call: Call, e: Exception, output: list) -> None:

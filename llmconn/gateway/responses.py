@@ -93,7 +93,7 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
         mod_items.check_text(instructions, 'instructions')
     new_items, sealer = _new_items(gw, key, body, sealing)
     previous = _previous(gw, key, body.get('previous_response_id'), conn)
-    mode = 'none' if not store else 'provider' if backend.keeps_state(conn) else \
+    mode = 'none' if not store else 'provider' if conn.provider.keeps_state else \
         'none' if key.retention == 'zero' else 'gateway'
     context, conversation = _conversation(previous, new_items, instructions or '', policy, resolution)
     check_history(RESPONSES, backend.kind(conn), conversation)
@@ -105,7 +105,7 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
                     ','.join(resolution.downgrades))
     call = Call(key=key, conn=conn, model=model, stream=stream, store=store, mode=mode,
                 instructions=instructions, metadata=_metadata(body.get('metadata'), resolution.downgrades),
-                params=_ask_encrypted(conn, store, resolution.params), downgrades=resolution.downgrades,
+                params=resolution.params, downgrades=resolution.downgrades,
                 conversation=conversation, context=context, previous=previous, input=new_items,
                 expiry=gw.config.response_expiry,
                 provider_previous_id=previous['provider_response_id'] if _provider_kept(previous) else '',
@@ -124,15 +124,6 @@ def _new_items(gw: Any, key: Any, body: dict, sealing: bool) -> tuple[list, Any]
     items = mod_items.from_responses_input(body['input'])
     sealer = reasoning.sealer(gw, key) if sealing or reasoning.has_sealed(items) else None
     return reasoning.restore(items, sealer, call_registry.of(gw, key)), sealer
-
-
-def _ask_encrypted(conn: Any, store: bool, params: dict) -> dict:
-    """A Responses backend that must not store a reasoning answer is asked for its encrypted content,
-    without which its reasoning items cannot be sent back (state: local asks for it itself)."""
-    if backend.kind(conn) == backend.RESPONSES_KIND and not store and 'reasoning' in params \
-            and 'include' not in params:
-        return dict(params, include=[reasoning.ENCRYPTED_REASONING])
-    return params
 
 
 def _echo(tool: Any) -> dict:
