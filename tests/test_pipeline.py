@@ -54,7 +54,7 @@ def test_a_stream_spec_on_a_provider_that_cannot_stream_gets_the_whole_answer_as
         registry.close()
 
 
-def test_a_callers_conversation_is_sent_as_given_and_nothing_is_stored(provider):
+def test_a_callers_own_conversation_is_sent_as_given(provider):
     registry = _registry(provider)
     try:
         conn = registry['C']
@@ -63,8 +63,7 @@ def test_a_callers_conversation_is_sent_as_given_and_nothing_is_stored(provider)
         messages = provider.requests[-1]['body']['messages']
         assert [m['role'] for m in messages] == ['system', 'user', 'assistant', 'user']
         assert messages[0]['content'] == 'be brief' and messages[1]['content'] == 'my name is Ann'
-        assert done.result['usage'] == {'input_tokens': done.reply.input_tokens,
-                                        'output_tokens': done.reply.output_tokens}
+        assert done.result['usage'] == done.reply.usage and done.reply.input_tokens > 0
     finally:
         registry.close()
 
