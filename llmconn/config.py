@@ -107,6 +107,11 @@ class ConnectionConfig(_Frozen):
     response_template_file: str = ''
     headers: dict[str, str] = Field(default_factory=dict)
     method: Literal['POST', 'PUT', 'PATCH'] = 'POST'
+    # Cost (SPEC §17): the provider's prompt cache (Claude breakpoints, OpenAI prompt_cache_key), how
+    # long Claude keeps what is written, and how many turns at a time the window's start moves.
+    cache: Literal['auto', 'off'] = 'auto'
+    cache_ttl: Literal['5m', '1h'] = '5m'
+    window_step: int = Field(1, ge=1, le=MAX_COUNT)
 
     @model_validator(mode='before')
     @classmethod
@@ -182,6 +187,9 @@ class ConnectionConfig(_Frozen):
         PROVIDERS[self.provider].check_config(self)
         if self.max_stored_turns < self.max_history_turns:
             raise ValueError('max_stored_turns must be at least max_history_turns')
+        if self.window_step > self.max_history_turns:
+            raise ValueError(f'field "window_step": {self.window_step} is more than max_history_turns '
+                             f'({self.max_history_turns}); the window moves at most its whole length at a time')
         if self.thinking and self.thinking.budget_tokens and self.thinking.budget_tokens >= self.max_tokens:
             raise ValueError(f'thinking.budget_tokens ({self.thinking.budget_tokens}) must be below '
                              f'max_tokens ({self.max_tokens})')

@@ -43,6 +43,7 @@ from llmconn.errors import InactiveConnection, InvalidInput, LLMError, ToolLoopL
 from llmconn.lifetime import Counted, InFlight
 from llmconn.providers import PROVIDERS
 from llmconn.providers.base import STREAM, SYSTEM, TOOLS, Chain
+from llmconn.providers.caching import chat_cache_key
 from llmconn.skills import SkillCache
 from llmconn.text import clean
 from llmconn.transport import Transport
@@ -230,7 +231,7 @@ class Connection:
         chain = Chain(window) if spec.chain else self.provider.chain(window)
         base = Request(pending.user if pending else spec.text, call.system, (), spec.params, spec.stream,
                        tools=call.tools, hosted=call.hosted, chain=spec.chain, tag=self.provider.tag,
-                       stateless=spec.stateless)
+                       stateless=spec.stateless, cache_key=chat_cache_key(self.name, spec.chat_id))
         loop = TurnLoop(pending, spec.outputs, self.provider.tag, given=spec.items, given_tag=spec.tag)
         while True:
             if loop.rounds >= self.conf.max_tool_rounds:

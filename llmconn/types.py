@@ -79,6 +79,7 @@ class Request:
     chain: Mapping = field(default_factory=dict)    # a stateful provider's per-call state
     tag: str = ''                       # the tag of ``items``' natives (always this provider's)
     stateless: bool = False             # the provider must keep nothing of this call (a stateful API too)
+    cache_key: str = ''                 # the chat's prompt cache key (llmconn.providers.caching), '' for none
 
 
 @dataclass(frozen=True)

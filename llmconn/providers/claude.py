@@ -29,6 +29,7 @@ from llmconn.errors import InvalidInput
 from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, TOOLS, Provider
 from llmconn.providers.base import is_done_marker, json_event, nonempty, plain_reply
 from llmconn.providers.base import tokens
+from llmconn.providers.caching import place_breakpoints
 from llmconn.types import Event, Reply, Request
 
 ANTHROPIC_VERSION = '2023-06-01'
@@ -103,6 +104,7 @@ class ClaudeProvider(Provider):
         messages: list[dict[str, Any]] = []
         for turn in request.history:
             messages += _turn_messages(turn.user, self.steps(turn))
+        history_messages = len(messages)
         messages += _turn_messages(request.text, self.current(request))
 
         body: dict[str, Any] = {'model': self.conf.model, 'max_tokens': self.conf.max_tokens}
@@ -117,6 +119,8 @@ class ClaudeProvider(Provider):
         if request.stream:
             body['stream'] = True
         body.update(self.body_params(request))
+        if self.conf.cache == 'auto':
+            place_breakpoints(body, history_messages, self.conf.cache_ttl)
         return body
 
     # ---- response

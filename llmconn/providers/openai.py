@@ -91,6 +91,8 @@ class OpenAIProvider(Provider):
             body['stream_options'] = {'include_usage': True}
         if 'max_tokens' in params:
             body.pop('max_completion_tokens', None)
+        if self.conf.cache == 'auto' and request.cache_key:
+            body['prompt_cache_key'] = request.cache_key        # keeps the chat on one cache (caching.py)
         body.update(params)
         return body
 

@@ -131,6 +131,8 @@ class OpenAIResponsesProvider(Provider):
         params = self.body_params(request)
         if not body['store'] and 'reasoning' in params and 'include' not in params:
             body['include'] = [ENCRYPTED_REASONING]
+        if self.conf.cache == 'auto' and request.cache_key:
+            body['prompt_cache_key'] = request.cache_key        # keeps the chat on one cache (caching.py)
         body.update(params)
         return body
 

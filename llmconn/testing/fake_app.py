@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl
 import gevent
 
 from llmconn.testing import fake_claude, fake_gemini, fake_openai, fake_responses
+from llmconn.testing.fake_cache import PromptCache
 from llmconn.testing.fake_common import ApiError, Call, JSONAnswer, Signer, StreamAnswer, sse
 
 CONTROL_PREFIX = '/_fake/'
@@ -54,6 +55,7 @@ class FakeState:
         self.latency = float(latency)
         self.api_key = api_key
         self.signer = Signer()
+        self.cache = PromptCache()      # the providers' prompt caches (see fake_cache)
         # Responses API state: response id -> record, and the ids of the items they output.
         self.responses: dict[str, dict] = {}
         self.items: set[str] = set()
@@ -248,6 +250,9 @@ class FakeApp:
             if (method, name) == ('POST', 'latency'):
                 state.latency = float((_json_or_none(raw) or {})['seconds'])
                 return JSONAnswer(200, {'seconds': state.latency})
+            if (method, name) == ('DELETE', 'cache'):
+                state.cache.clear()
+                return JSONAnswer(200, {'ok': True})
             if (method, name) == ('GET', 'health'):
                 return JSONAnswer(200, {'ok': True})
         except (ValueError, KeyError, TypeError) as exc:

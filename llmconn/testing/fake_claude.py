@@ -20,6 +20,7 @@ from typing import Any
 from llmconn.testing.fake_common import (
     REDACT_PREFIX, THINK_PREFIX, ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id,
     reply_text, require_json_object, text_chunks)
+from llmconn.testing.fake_cache import CacheRefused, claude_usage
 from llmconn.testing.fake_tools import argument_chunks, decide, violation
 
 NAME = 'claude'
@@ -160,6 +161,7 @@ def messages(call: Call) -> JSONAnswer | StreamAnswer:
     history = _validate(body, call)
     _check_replayed_thinking(history, call)
     _check_tool_pairs(history, call, _thinking_on(body))
+    usage = _cache_usage(call, body)
     said = [m for m in history if m['role'] == 'user' and not _blocks(m, 'tool_result')]
     users = [_text_of(m.get('content')) for m in said]
     outputs = [_result_text(b) for b in _blocks(history[-1], 'tool_result')]
@@ -173,16 +175,22 @@ def messages(call: Call) -> JSONAnswer | StreamAnswer:
         text = action if isinstance(action, str) else reply_text(users, bool(system))
         thinking = _thinking_blocks(body, users[-1] if users else '', call.state.signer) if not outputs else []
         content, stop = thinking + [{'type': 'text', 'text': text}], 'end_turn'
-    input_tokens = count_words(system, *(_text_of(m.get('content')) for m in history), *outputs)
     message = {
         'id': new_id('msg_'), 'type': 'message', 'role': 'assistant', 'model': body['model'],
         'content': content, 'stop_reason': stop, 'stop_sequence': None,
-        'usage': {'input_tokens': input_tokens, 'output_tokens': max(1, count_words(text)),
-                  'cache_creation_input_tokens': 0, 'cache_read_input_tokens': 0},
+        'usage': dict(usage, output_tokens=max(1, count_words(text))),
     }
     if body.get('stream'):
         return _stream(message)
     return JSONAnswer(200, message)
+
+
+def _cache_usage(call: Call, body: dict) -> dict:
+    """The input's usage as Claude's prompt cache bills it (see fake_cache); a bad breakpoint is a 400."""
+    try:
+        return claude_usage(call.state.cache, body)
+    except CacheRefused as e:
+        raise error(400, str(e)) from None
 
 
 def _tool_blocks(body: dict, calls: list, signer) -> list:

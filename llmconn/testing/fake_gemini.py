@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from llmconn.testing.fake_cache import gemini_cached
 from llmconn.testing.fake_common import (
     THINK_PREFIX, ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id, reply_text,
     require_json_object, text_chunks)
@@ -128,10 +129,13 @@ def generate_content(call: Call) -> JSONAnswer | StreamAnswer:
     last_user = users[-1] if users else ''
     if thinking and last_user.startswith(THINK_PREFIX) and not outputs and text:
         parts.insert(0, {'text': f'Thinking about: {last_user[len(THINK_PREFIX):].strip()}', 'thought': True})
-    prompt = count_words(system, *(_parts_text(c) for c in contents))
+    billed = gemini_cached(call.state.cache, call.params['model'], body, [system, *(_parts_text(c) for c in contents)])
+    prompt = billed.total
     usage = {'promptTokenCount': prompt, 'candidatesTokenCount': count_words(text),
              'totalTokenCount': prompt + count_words(*(p.get('text', '') for p in parts)),
              'promptTokensDetails': [{'modality': 'TEXT', 'tokenCount': prompt}]}
+    if billed.read:
+        usage['cachedContentTokenCount'] = billed.read
     if parts[0].get('thought'):
         usage['thoughtsTokenCount'] = count_words(parts[0]['text'])
     head = {'modelVersion': call.params['model'], 'responseId': new_id('')}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from llmconn.testing.fake_cache import openai_cached
 from llmconn.testing.fake_common import (
     ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id, now, reply_text,
     require_json_object, text_chunks)
@@ -136,9 +137,10 @@ def chat_completions(call: Call) -> JSONAnswer | StreamAnswer:
     tool_calls = [{'id': new_id('call_'), 'type': 'function',
                    'function': {'name': name, 'arguments': json.dumps(args, separators=(',', ':'))}}
                   for name, args in calls]
-    prompt, completion = count_words(*texts), max(1, count_words(text))
+    billed = openai_cached(call.state.cache, body, texts)
+    prompt, completion = billed.total, max(1, count_words(text))
     usage = {'prompt_tokens': prompt, 'completion_tokens': completion, 'total_tokens': prompt + completion,
-             'prompt_tokens_details': {'cached_tokens': 0, 'audio_tokens': 0},
+             'prompt_tokens_details': {'cached_tokens': billed.read, 'audio_tokens': 0},
              'completion_tokens_details': {'reasoning_tokens': 0, 'audio_tokens': 0,
                                            'accepted_prediction_tokens': 0,
                                            'rejected_prediction_tokens': 0}}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 
+from llmconn.testing.fake_cache import openai_cached
 from llmconn.testing.fake_common import (
     Call, JSONAnswer, StreamAnswer, count_words, new_id, now, numbered, reply_text,
     require_json_object, text_chunks)
@@ -152,8 +153,9 @@ def _output(body: dict, text: str, last_user: str, signer) -> list:
     return output
 
 
-def _usage(input_tokens: int, output_tokens: int, reasoning_tokens: int) -> dict:
-    return {'input_tokens': input_tokens, 'input_tokens_details': {'cached_tokens': 0, 'cache_write_tokens': 0},
+def _usage(input_tokens: int, output_tokens: int, reasoning_tokens: int, cached_tokens: int = 0) -> dict:
+    return {'input_tokens': input_tokens,
+            'input_tokens_details': {'cached_tokens': cached_tokens, 'cache_write_tokens': 0},
             'output_tokens': output_tokens, 'output_tokens_details': {'reasoning_tokens': reasoning_tokens},
             'total_tokens': input_tokens + output_tokens}
 
@@ -186,8 +188,8 @@ def responses(call: Call) -> JSONAnswer | StreamAnswer:
             users, bool(instructions) or any(t for r, t in current if r in SYSTEM_ROLES))
         output = _output(body, text, users[-1] if users else '', call.state.signer)
     reasoning_tokens = sum(count_words(s['text']) for o in output for s in o.get('summary', ()))
-    usage = _usage(count_words(instructions, *(t for _, t in context), *outputs), max(1, count_words(text)),
-                   reasoning_tokens)
+    billed = openai_cached(call.state.cache, body, [instructions, *(t for _, t in context), *outputs])
+    usage = _usage(billed.total, max(1, count_words(text)), reasoning_tokens, billed.read)
     response = {
         'id': new_id('resp_'), 'object': 'response', 'created_at': now(), 'completed_at': now(),
         'status': 'completed', 'error': None, 'incomplete_details': None, 'instructions': body.get('instructions'),
