@@ -17,6 +17,8 @@ from llmconn.text import has_surrogate
 
 MAX_TEXT_CHARS = 1_000_000      # one message; providers' context windows end well before this
 MAX_CHAT_ID_CHARS = 256
+MAX_TOOL_OUTPUT_CHARS = MAX_TEXT_CHARS          # one tool output carries at most what one message may
+MAX_TOOL_OUTPUTS_CHARS = 2 * MAX_TEXT_CHARS     # all the outputs one tool_outputs= answers with
 
 
 def check_text(text: Any) -> None:
@@ -71,3 +73,31 @@ def check_params(params: dict, reserved: frozenset[str] = frozenset()) -> None:
     problem = params_problem(params)
     if problem:
         raise InvalidInput(f'call parameters must be JSON values: {problem}')
+
+
+def tool_output_text(value: Any) -> str:
+    """A tool output as the text that goes to the model: a str as it is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+def check_tool_outputs(outputs: dict) -> None:
+    """The caller's ``tool_outputs``: each a str or JSON value of valid Unicode, within the size limits.
+
+    They are the caller's text, as much as ``text`` is, so they are refused (not cleaned) the same way.
+    """
+    total = 0
+    for call_id, value in outputs.items():
+        try:
+            text = tool_output_text(value)
+        except (TypeError, ValueError):
+            raise InvalidInput(f'tool_outputs[{call_id[:64]!r}] must be a str or a JSON value') from None
+        if len(text) > MAX_TOOL_OUTPUT_CHARS:
+            raise InvalidInput(f'tool_outputs[{call_id[:64]!r}] has {len(text)} characters, more than the limit '
+                               f'of {MAX_TOOL_OUTPUT_CHARS} for one output; shorten it (the model reads it all)')
+        total += len(text)
+        if total > MAX_TOOL_OUTPUTS_CHARS:
+            raise InvalidInput(f'tool_outputs hold more than {MAX_TOOL_OUTPUTS_CHARS} characters in all outputs '
+                               f'together, over the limit; shorten them')
+        if has_surrogate(text):
+            raise InvalidInput(f'tool_outputs[{call_id[:64]!r}] holds a lone surrogate (half of a UTF-16 pair), '
+                               f'which is not valid Unicode; decode the output properly or replace it with U+FFFD')

@@ -45,7 +45,7 @@ from llmconn.providers import PROVIDERS
 from llmconn.providers.base import STREAM, SYSTEM, TOOLS, Chain
 from llmconn.providers.caching import chat_cache_key
 from llmconn.skills import SkillCache
-from llmconn.text import clean
+from llmconn.text import clean, clean_value
 from llmconn.transport import Transport
 from llmconn.tool_loop import TurnLoop, check_outputs, check_pending, public_call
 from llmconn.types import CallSpec, Event, Reply, Request, Turn
@@ -158,7 +158,7 @@ class Connection:
             said = {'role': 'assistant', 'content': clean(turn.assistant)}
             calls = mod_items.tool_calls(turn.steps()) if turn.items else []
             if calls:
-                said['tool_calls'] = calls
+                said['tool_calls'] = clean_value(calls)
             messages.append(said)
         return messages
 

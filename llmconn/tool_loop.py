@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from llmconn import items as mod_items
+from llmconn.checks import check_tool_outputs
 from llmconn.errors import InvalidInput
 from llmconn.types import Reply, Turn, add_usage
 
@@ -100,6 +101,7 @@ def check_outputs(text: Any, outputs: Any) -> None:
             _output_text(value)
         except (TypeError, ValueError):
             raise InvalidInput(f'tool_outputs[{call_id!r}] must be a str or a JSON value') from None
+    check_tool_outputs(outputs)
 
 
 def check_pending(pending: Turn | None, call) -> None:

@@ -26,13 +26,18 @@ from typing import Any, Callable, Iterable
 
 import jsonschema
 import pydantic
+import referencing
+import referencing.exceptions
 
 from llmconn.errors import InvalidInput
+from llmconn.text import clean
 
-NAME_PATTERN = re.compile(r'^[a-zA-Z0-9_-]{1,64}$')
+# \A...\Z, not ^...$: "$" also matches before a final newline, so "get_order\n" passed with .match().
+NAME_PATTERN = re.compile(r'\A[a-zA-Z0-9_-]{1,64}\Z')
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_SCHEMA_DEPTH = 16
 MAX_OUTPUT_CHARS = 1_000_000       # one output; as much as one message may carry
+REF_KEYWORDS = ('$ref', '$dynamicRef')
 
 
 @dataclass(frozen=True)
@@ -164,7 +169,7 @@ def _checked(tools: tuple) -> tuple[Tool, ...]:
 
 def check(tool: Tool) -> None:
     """Name, description and schema of one tool, as the providers will demand them."""
-    if not isinstance(tool.name, str) or not NAME_PATTERN.match(tool.name):
+    if not isinstance(tool.name, str) or not NAME_PATTERN.fullmatch(tool.name):
         raise InvalidInput(f'tool name {tool.name!r} is invalid: use 1 to 64 letters, digits, "_" or "-"')
     if not isinstance(tool.description, str):
         raise InvalidInput(f'tool "{tool.name}": description must be a str')
@@ -183,7 +188,28 @@ def check_schema(name: str, schema: Any) -> None:
                            f'levels; flatten the schema') from None
     except (TypeError, ValueError) as e:
         raise InvalidInput(f'tool "{name}": parameters is not JSON ({e})') from None
+    _check_refs(name, schema)
     _check_schema_text(name, text)
+
+
+def _check_refs(name: str, schema: Any) -> None:
+    """Only references inside the schema itself (``#...``): anything else would be a URL to fetch.
+
+    jsonschema retrieves an unknown ``$ref`` over HTTP when it validates, which
+    would be a request to anywhere, made while the chat's lock is held.
+    """
+    stack = [schema]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            for key in REF_KEYWORDS:
+                ref = value.get(key)
+                if ref is not None and not (isinstance(ref, str) and ref.startswith('#')):
+                    raise InvalidInput(f'tool "{name}": parameters has {key} {_short(ref)}, which points outside '
+                                       f'the schema; inline it under "$defs" and refer to it as "#/$defs/..."')
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -233,7 +259,7 @@ def run(tool: Tool | None, name: str, arguments: Any) -> tuple[str, bool]:
     try:
         result = tool.function(**arguments)
     except Exception as e:      # the tool's failure is the model's to read, not the caller's
-        return f'error: {type(e).__name__}: {e}', True
+        return clean(f'error: {type(e).__name__}: {e}'), True
     return _as_output(result), False
 
 
@@ -246,13 +272,25 @@ def validation_errors(tool: Tool, arguments: Any) -> str:
         validator = derived[1]
     else:
         validator = _validator(json.dumps(tool.parameters, sort_keys=True))
-    problems = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
+    try:
+        problems = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
+    except referencing.exceptions.Unresolvable as e:
+        return f'the tool\'s schema refers to {_short(str(e.ref) if hasattr(e, "ref") else str(e))}, which is not in it'
     return '; '.join(f'{"/".join(map(str, e.path)) or "(root)"}: {e.message}' for e in problems[:5])
+
+
+def _refuse_retrieval(uri: str):
+    raise referencing.exceptions.NoSuchResource(ref=uri)
+
+
+# What a validator may resolve beyond its own schema: the JSON Schema meta-schemas (jsonschema adds
+# them), nothing fetched. Its default registry would GET any unknown $ref's URL.
+LOCAL_ONLY = referencing.Registry(retrieve=_refuse_retrieval)
 
 
 @functools.lru_cache(maxsize=1024)
 def _validator(text: str) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(json.loads(text))
+    return jsonschema.Draft202012Validator(json.loads(text), registry=LOCAL_ONLY)
 
 
 def _as_output(result: Any) -> str:
@@ -265,7 +303,9 @@ def _as_output(result: Any) -> str:
             text = json.dumps(result, ensure_ascii=False, default=str)
         except (TypeError, ValueError):
             text = str(result)
-    return text[:MAX_OUTPUT_CHARS]
+    # A tool is not the caller: a lone surrogate in what it returns is cleaned, not refused, so it
+    # never reaches Redis or a client. Cleaned first, so the cut cannot split a pair.
+    return clean(text)[:MAX_OUTPUT_CHARS]
 
 
 def _short(value: Any) -> str:
