@@ -302,7 +302,9 @@ def record(call: Call, status: str, usage: dict | None, output: list, *, provide
     if reason:
         rec['incomplete_details'] = {'reason': reason}
     if error:
-        rec['error'] = error
+        # A provider's message may quote the prompt (a 400 naming the bad input): without retention
+        # only its code is kept.
+        rec['error'] = error if keep_text else {'code': error.get('code') or 'server_error'}
     if call.mode == 'gateway' and keep_text and status in _CONTINUABLE and answer is not None:
         rec['context'] = call.context + [answer]
     return rec

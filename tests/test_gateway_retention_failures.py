@@ -1,0 +1,57 @@
+"""Zero retention and ``store: false`` when the backend fails: a provider's error quoting the prompt leaves no text.
+
+A provider's 400 often quotes what it refused (the field, the text). The
+failure record of a response kept without retention holds an error code,
+never that message; the client still gets the message in its answer.
+"""
+
+import json
+import time
+import uuid
+
+import openai
+import pytest
+
+from gateway_stack import KEYS, GatewayStack
+
+
+@pytest.fixture(scope='module')
+def gw():
+    stack = GatewayStack(processes=1)
+    yield stack
+    stack.close()
+
+
+def quoting(marker: str) -> dict:
+    """Claude's 400 body, quoting the prompt as a real refusal may."""
+    return {'type': 'error', 'error': {'type': 'invalid_request_error',
+                                       'message': f'messages.0.content: cannot accept "{marker} the prompt"'}}
+
+
+def made_since(gw, tenant: str, since: float) -> list[dict]:
+    """The response records of ``tenant`` created since ``since``."""
+    records = [json.loads(gw.redis.get(k)) for k in gw.redis.scan_iter(match='llmconn:gw:resp:*')]
+    return [r for r in records if r['tenant'] == tenant and r['created_at'] >= since]
+
+
+@pytest.mark.parametrize('stream', [False, True], ids=['plain', 'streamed'])
+@pytest.mark.parametrize('key, store', [('zero', True), ('a', False)], ids=['zero-retention', 'store-false'])
+def test_a_failure_record_keeps_the_error_code_never_the_providers_message(gw, key, store, stream):
+    marker, since = f'PROMPT-{uuid.uuid4().hex}', time.time()
+    gw.fake.fail(400, body=quoting(marker))
+    with pytest.raises(openai.BadRequestError) as refused:
+        gw.client(key).responses.create(model='Claude', input=f'{marker} the prompt', store=store, stream=stream)
+    assert marker in refused.value.body['message']      # the caller is told what the provider said
+    assert marker not in gw.redis_text()
+    [record] = made_since(gw, KEYS[key][1], since)
+    if not stream:      # a stream refused before its first event is recorded failed elsewhere (its own fix)
+        assert record['status'] == 'failed' and record['error'] == {'code': 'server_error'}
+
+
+def test_a_stored_failure_keeps_the_message_for_get(gw):
+    marker, since = f'PROMPT-{uuid.uuid4().hex}', time.time()
+    gw.fake.fail(400, body=quoting(marker))
+    with pytest.raises(openai.BadRequestError):
+        gw.client('a').responses.create(model='Claude', input=f'{marker} the prompt')
+    [record] = made_since(gw, 'tenant-a', since)
+    assert record['status'] == 'failed' and marker in record['error']['message']
