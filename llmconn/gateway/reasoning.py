@@ -14,7 +14,9 @@ what gateway mode keeps in the ledger) is sealed into the reasoning item::
 
 The MAC covers the format, the key's tenant and the payload, under a
 random secret the gateway keeps in Redis (``llmconn:gw:reasoning-secret``,
-made once by whichever process needs it first, shared by all of them). A
+made once by whichever process needs it first, shared by all of them, and
+read again by each request that seals or opens, so that after Redis
+restarts empty every process agrees on the secret stored anew). A
 client cannot alter a sealed item, forge one, or use another tenant's: each
 is a 400 naming the item. The content is signed, not encrypted: it holds
 nothing the client was not shown (the thinking as its summary, the text,
@@ -128,14 +130,27 @@ def _well_formed(answer: Any) -> bool:
 
 
 def sealer(gw: Any, key: Any) -> Sealer:
-    """The sealer of ``key``'s tenant; the secret is read from Redis once per gateway (made there if absent)."""
-    secret = _secrets.get(gw)
-    if secret is None:
-        client = gw.ledger.client
-        Ledger._run(client.set, SECRET_KEY, secrets.token_hex(SECRET_BYTES), None, None, True)     # NX
+    """The sealer of ``key``'s tenant, under the secret the store holds now (one read per request)."""
+    return Sealer(_agreed(gw), key.tenant)
+
+
+def _agreed(gw: Any) -> bytes:
+    """The gateway's secret as the store holds it, made there first if absent.
+
+    Read at every request that seals or opens, never only cached: after Redis restarts empty, every
+    process must move to the one secret stored again, or each would sign with its own. Whichever
+    process needs it first stores it (SET NX, then read back, so concurrent ones agree), and it offers
+    the secret it knew before, so items sealed before the restart stay valid when that process is first.
+    """
+    client = gw.ledger.client
+    stored = Ledger._run(client.get, SECRET_KEY)
+    if stored is None:
+        known = _secrets.get(gw)
+        offer = known.hex() if known is not None else secrets.token_hex(SECRET_BYTES)
+        Ledger._run(client.set, SECRET_KEY, offer, None, None, True)     # NX
         stored = Ledger._run(client.get, SECRET_KEY)
-        secret = _secrets[gw] = bytes.fromhex(stored.decode() if isinstance(stored, bytes) else stored)
-    return Sealer(secret, key.tenant)
+    secret = _secrets[gw] = bytes.fromhex(stored.decode() if isinstance(stored, bytes) else stored)
+    return secret
 
 
 def split_include(raw: Any) -> tuple[bool, list]:
