@@ -207,7 +207,7 @@ class Connection:
         # The lock is released on every way out; if that release fails while another error is
         # already on its way out, the store logs it rather than hide the first error.
         with self.store.begin(self.name, spec.chat_id, window=conf.max_history_turns - 1,
-                              lock_ttl=conf.lock_ttl, lock_wait=conf.lock_wait) as lock:
+                              lock_ttl=conf.lock_ttl, lock_wait=conf.lock_wait, window_step=conf.window_step) as lock:
             window = list(lock.turns)
             pending = window.pop() if window and window[-1].pending else None
             check_pending(pending, spec)

@@ -165,3 +165,17 @@ def test_openai_chat_sends_its_key_and_reads_the_cached_prefix(chat_on, provider
     keys = {r['body'].get('prompt_cache_key') for r in provider.requests if r['path'] == '/v1/chat/completions'}
     assert keys == {chat_cache_key(unique, 'c1')}
     assert 'c1' not in json.dumps(sorted(keys))
+
+
+def test_the_shipped_responses_template_maps_cached_tokens(redis_url, provider, unique, open_registry):
+    from pathlib import Path
+    templates = Path(__file__).resolve().parent.parent / 'etc' / 'templates'
+    conf = {'name': unique, 'provider': 'template', 'model': 'gpt-5-mini', 'address': provider.url + '/v1/responses',
+            'max_retries': 0, 'request_template_file': str(templates / 'openai-responses.request.j2'),
+            'response_template_file': str(templates / 'openai-responses.response.j2')}
+    conn = open_registry({'redis': {'url': redis_url}, 'llm': [conf]})[unique]
+    text = ' '.join(f'{unique}-{i}' for i in range(1100))
+    assert conn.invoke(text)['usage']['cache_read_tokens'] == 0
+    usage = conn.invoke(text)['usage']
+    assert usage == {'input_tokens': 1100, 'output_tokens': usage['output_tokens'], 'cache_read_tokens': 1024,
+                     'cache_write_tokens': 0, 'reasoning_tokens': 0}

@@ -79,8 +79,12 @@ class ChatStore:
     # The two round trips of a chat call
 
     def begin(self, conn_name: str, chat_id: str, *, window: int, lock_ttl: float,
-              lock_wait: float) -> ChatLock:
-        """Lock the chat and read its last ``window`` turns; wait in line up to ``lock_wait`` s for the lock."""
+              lock_wait: float, window_step: int = 1) -> ChatLock:
+        """Lock the chat and read its last ``window`` turns; wait in line up to ``lock_wait`` s for the lock.
+
+        ``window_step`` > 1: the window's start moves that many turns at a time (see
+        :func:`~llmconn.store.lock.window_spec`).
+        """
         renewer = self._renewer or self._start_renewer()
         ttl_ms = int(lock_ttl * 1000) or 1
         if ttl_ms < renewer.min_ttl_ms:
@@ -95,7 +99,8 @@ class ChatStore:
 
         started = self._clock()
         try:
-            window_bytes, place = mod_lock.acquire(self, keys, token, window=window, ttl_ms=ttl_ms,
+            spec = mod_lock.window_spec(window, window_step)
+            window_bytes, place = mod_lock.acquire(self, keys, token, window=spec, ttl_ms=ttl_ms,
                                                    lock_wait=lock_wait, clock=self._clock, busy=busy)
         except ChatBusy:
             observe.lock_waited(conn_name, self._clock() - started)      # the wait of a call that gave up

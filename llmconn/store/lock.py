@@ -100,14 +100,21 @@ DONE, ALREADY_SAVED, NOT_OURS = 1, 2, 0
 
 # Takes the lock and reads the window, or queues the caller.
 #   KEYS[1] - lock, KEYS[2] - turns, KEYS[3] - queue, KEYS[4] - seq
-#   ARGV[1] - our token, ARGV[2] - lock ttl (ms), ARGV[3] - window (turns),
+#   ARGV[1] - our token, ARGV[2] - lock ttl (ms), ARGV[3] - the window: "W" (the last W turns)
+#             or "W/K" (its start moves K turns at a time, see window_spec()),
 #   ARGV[4] - how long we may wait (ms); '0' = do not queue,
 #   ARGV[5] - our queue entry from an earlier attempt, or ''
-# Returns {1, turns} - the last ARGV[3] turns, oldest first, joined by "\n" - when
+# Returns {1, turns} - the window's turns, oldest first, joined by "\n" - when
 # the lock is ours (also when it already held our token: handed to us, or this
 # call re-sent after a lost reply); else {0, pttl of the holder, our place, our entry}.
 ACQUIRE = """
-local function window(n)
+local function window(spec)
+    local n, step = string.match(spec, '^(%d+)/?(%d*)$')
+    n, step = tonumber(n) or 0, tonumber(step) or 1
+    if step > 1 then                    -- past n turns, drop whole steps: n - step + 1 .. n are sent
+        local stored = redis.call('LLEN', KEYS[2])
+        if stored > n then n = stored - math.ceil((stored - n) / step) * step end
+    end
     if n <= 0 then return '' end      -- LRANGE key -0 -1 would be the whole list
     return table.concat(redis.call('LRANGE', KEYS[2], -n, -1), '\\n')
 end
@@ -122,7 +129,7 @@ end
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {1, window(tonumber(ARGV[3]))}
+    return {1, window(ARGV[3])}
 end
 if not holder then
     -- Free. With nobody queued it is ours; with a queue its holder died: the head goes first.
@@ -130,17 +137,17 @@ if not holder then
         local entry = redis.call('LPOP', KEYS[3])
         if not entry then
             redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-            return {1, window(tonumber(ARGV[3]))}
+            return {1, window(ARGV[3])}
         end
-        local token, ttl, deadline, size = string.match(entry, '^(%x+):(%d+):(%d+):(%d+)$')
+        local token, ttl, deadline, size = string.match(entry, '^(%x+):(%d+):(%d+):([%d/]+)$')
         if token == ARGV[1] then
             redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-            return {1, window(tonumber(ARGV[3]))}
+            return {1, window(ARGV[3])}
         end
         if token and tonumber(deadline) > clock() then
             redis.call('SET', KEYS[1], token, 'PX', ttl)
             local wake = KEYS[1] .. ':' .. token
-            redis.call('RPUSH', wake, window(tonumber(size)))
+            redis.call('RPUSH', wake, window(size))
             redis.call('PEXPIRE', wake, ttl)
             break
         end
@@ -177,6 +184,16 @@ return {0, redis.call('PTTL', KEYS[1]), 0, entry}
 # Returns 1 - saved (or released); 2 - this token's turn was saved before (a re-sent
 # save: nothing written again); 0 - the lock was not ours (nothing written).
 FINISH = """
+local function window(spec)             -- as ACQUIRE's: the waiter's window
+    local n, step = string.match(spec, '^(%d+)/?(%d*)$')
+    n, step = tonumber(n) or 0, tonumber(step) or 1
+    if step > 1 then
+        local stored = redis.call('LLEN', KEYS[2])
+        if stored > n then n = stored - math.ceil((stored - n) / step) * step end
+    end
+    if n <= 0 then return '' end
+    return table.concat(redis.call('LRANGE', KEYS[2], -n, -1), '\\n')
+end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     if ARGV[2] ~= '' then
         for _, token in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
@@ -223,16 +240,11 @@ while true do
         redis.call('DEL', KEYS[1])
         return 1
     end
-    local token, ttl, deadline, size = string.match(entry, '^(%x+):(%d+):(%d+):(%d+)$')
+    local token, ttl, deadline, size = string.match(entry, '^(%x+):(%d+):(%d+):([%d/]+)$')
     if token and token ~= ARGV[1] and tonumber(deadline) > clock() then
         redis.call('SET', KEYS[1], token, 'PX', ttl)
         local wake = KEYS[1] .. ':' .. token
-        local n = tonumber(size)
-        local turns = ''
-        if n > 0 then                     -- the waiter's window, so it need not read it again
-            turns = table.concat(redis.call('LRANGE', KEYS[2], -n, -1), '\\n')
-        end
-        redis.call('RPUSH', wake, turns)
+        redis.call('RPUSH', wake, window(size))     -- so the waiter need not read it again
         redis.call('PEXPIRE', wake, ttl)
         return 1
     end
@@ -253,7 +265,18 @@ return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(',', ':')).encode
 
 
-def acquire(store: 'ChatStore', keys: 'ChatKeys', token: str, *, window: int, ttl_ms: int, lock_wait: float,
+def window_spec(turns: int, step: int = 1) -> str:
+    """The scripts' window argument: the last ``turns`` turns, or with ``step`` > 1 a window whose
+    start moves ``step`` turns at a time once the chat holds more, so it keeps ``turns - step + 1``
+    to ``turns`` of them and the same first turn for ``step`` calls in a row (SPEC §17).
+
+    The start is computed from the stored count, so past ``max_stored_turns`` (the oldest turn
+    trimmed on every save) it moves on every call again.
+    """
+    return str(turns) if step <= 1 else f'{turns}/{step}'
+
+
+def acquire(store: 'ChatStore', keys: 'ChatKeys', token: str, *, window: int | str, ttl_ms: int, lock_wait: float,
             clock: Callable[[], float], busy: Callable[[], ChatBusy]) -> tuple[bytes, int]:
     """Take the chat's lock, waiting in line up to ``lock_wait`` s: (the window, our place or 0)."""
     acquire_keys = (keys.lock, keys.turns, keys.queue, keys.seq)
