@@ -48,6 +48,9 @@ class Tool:
     description: str = ''
     parameters: dict = field(default_factory=lambda: {'type': 'object', 'properties': {}})
     function: Callable | None = None
+    # Strict schema adherence of the model's arguments, where the provider offers it (OpenAI's
+    # ``strict``, Claude's ``strict``); None leaves the provider's default. Gemini has none: refused there.
+    strict: bool | None = None
 
     def __repr__(self) -> str:
         return f'<Tool {self.name!r}{" manual" if self.function is None else ""}>'

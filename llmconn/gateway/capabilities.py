@@ -48,6 +48,9 @@ LOSSES = {
     'not_stored': 'the completion is not stored (this route is stateless)',
     'system_messages_hoisted': 'system/developer messages after the first turn move into the system prompt',
     'messages_merged': 'consecutive messages of one role are joined into one',
+    'no_reasoning_summary': 'no reasoning summary is returned',
+    'verbosity_ignored': 'the verbosity asked for is not sent; the model answers at its own length',
+    'strict_schema_not_enforced': 'tool arguments are not held strictly to the schema by the backend',
 }
 
 Mapper = Callable[[Any], dict]
@@ -71,6 +74,8 @@ class Field:
     support: dict[str, Support]
     trivial: Callable[[Any], bool] = field(default=lambda value: value is None)
     structural: bool = False             # handled by the route itself (input, store, ...)
+    # A part of another field (``reasoning.summary``, ``tools[].strict``): its value read from the body.
+    part_of: Callable[[dict], Any] | None = None
 
 
 def _same(level: str, how: str = '', loss: str = '', to_params: Mapper | None = None) -> dict[str, Support]:
@@ -157,10 +162,73 @@ _TOOL_CHOICE_OK = (None, 'auto')
 
 
 def _is_text_format(value: Any) -> bool:
-    """``text`` asking for nothing but plain text (the default)."""
-    if not value:
-        return True
-    return ((value.get('format') or {}).get('type', 'text') == 'text') and not value.get('verbosity')
+    """``text`` asking for no format but plain text (the default); its verbosity is a row of its own."""
+    if not isinstance(value, dict):
+        return not value
+    fmt = value.get('format')
+    return not fmt or (isinstance(fmt, dict) and fmt.get('type', 'text') == 'text')
+
+
+def _inside(name: str, key: str) -> Callable[[dict], Any]:
+    """The value of ``body[name][key]`` (None when absent)."""
+    def get(body: dict) -> Any:
+        value = body.get(name)
+        return value.get(key) if isinstance(value, dict) else None
+    return get
+
+
+def _summary(body: dict) -> Any:
+    reasoning = body.get('reasoning')
+    return (reasoning.get('summary') or reasoning.get('generate_summary')) if isinstance(reasoning, dict) else None
+
+
+def _strict(function_key: str = '') -> Callable[[dict], bool]:
+    """Whether any function tool asks for ``strict`` (Chat Completions nests it in ``function``)."""
+    def get(body: dict) -> bool:
+        tools = body.get('tools')
+        for tool in tools if isinstance(tools, list) else ():
+            spec = tool.get(function_key) if function_key and isinstance(tool, dict) else tool
+            if isinstance(spec, dict) and spec.get('strict') is True:
+                return True
+        return False
+    return get
+
+
+_summary_support = {
+    'openai-responses': Support(NATIVE, 'sent with reasoning'),
+    'openai': Support(UNSUPPORTED, 'Chat Completions returns no reasoning summaries', 'no_reasoning_summary'),
+    'claude': Support(EMULATED, 'the thinking text of a connection with thinking on'),
+    'gemini': Support(EMULATED, 'the thought summaries of a connection that asks for them'),
+    TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'no_reasoning_summary')}
+_strict_support = {
+    'openai-responses': Support(NATIVE, 'tools[].strict'),
+    'openai': Support(NATIVE, 'tools[].function.strict'),
+    'claude': Support(NATIVE, 'tools[].strict'),
+    'gemini': Support(UNSUPPORTED, 'function declarations have no strict mode', 'strict_schema_not_enforced'),
+    TEMPLATE: Support(UNSUPPORTED, 'a template renders one whole text answer: no tool calls',
+                      'strict_schema_not_enforced')}
+
+
+def _verbosity(responses_route: bool) -> dict[str, Support]:
+    unsupported = Support(UNSUPPORTED, loss='verbosity_ignored')
+    if responses_route:
+        native = Support(NATIVE, to_params=lambda v: {'text': {'verbosity': v}})
+        emulated = Support(EMULATED, 'verbosity', to_params=_param('verbosity'))
+        return {'openai-responses': native, 'openai': emulated, 'claude': unsupported, 'gemini': unsupported,
+                TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'verbosity_ignored')}
+    return {'openai': Support(NATIVE, to_params=_param('verbosity')),
+            'openai-responses': Support(EMULATED, 'text.verbosity', to_params=lambda v: {'text': {'verbosity': v}}),
+            'claude': unsupported, 'gemini': unsupported,
+            TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'verbosity_ignored')}
+
+
+def _passed(name: str, kinds: tuple, loss: str) -> dict[str, Support]:
+    """A field the APIs of ``kinds`` take as it is (sent on), which the other backends do not know."""
+    return {k: Support(NATIVE, to_params=_param(name)) if k in kinds else
+            Support(UNSUPPORTED, _TEMPLATE_DECIDES if k == TEMPLATE else '', loss) for k in KINDS}
+
+
+_OPENAI_KINDS = ('openai-responses', 'openai')
 
 
 _STRUCTURAL_RESPONSES = [
@@ -232,6 +300,20 @@ RESPONSES_FIELDS: dict[str, Field] = {f.name: f for f in _STRUCTURAL_RESPONSES +
     Field('parallel_tool_calls', _parallel, trivial=lambda v: v in (None, True)),
     Field('max_tool_calls', _same(UNSUPPORTED, 'the backend decides how many calls it makes'),
           trivial=lambda v: v is None),
+    Field('reasoning.summary', _summary_support, part_of=_summary),
+    Field('text.verbosity', _verbosity(responses_route=True), part_of=_inside('text', 'verbosity')),
+    Field('tools[].strict', _strict_support, part_of=_strict(), trivial=lambda v: not v),
+    Field('prompt_cache_options', _passed('prompt_cache_options', _OPENAI_KINDS, 'hint_ignored'),
+          trivial=lambda v: not v),
+    Field('prompt_cache_retention', _passed('prompt_cache_retention', _OPENAI_KINDS, 'hint_ignored')),
+    Field('access_programs', _passed('access_programs', ('openai-responses',), 'hint_ignored'),
+          trivial=lambda v: not v),
+    Field('image', _passed('image', ('openai-responses',), 'hint_ignored'), trivial=lambda v: not v),
+    Field('background_options', _same(UNSUPPORTED, 'background responses are not offered'),
+          trivial=lambda v: not v),
+    Field('context_management', _same(UNSUPPORTED, 'server-side compaction is not offered'),
+          trivial=lambda v: not v),
+    Field('moderation', _same(UNSUPPORTED, 'the gateway runs no moderation, and never skips one silently')),
 ]}
 
 CHAT_FIELDS: dict[str, Field] = {f.name: f for f in [
@@ -294,6 +376,12 @@ CHAT_FIELDS: dict[str, Field] = {f.name: f for f in [
     Field('function_call', _deprecated, trivial=lambda v: v in _TOOL_CHOICE_OK),
     Field('tool_choice', _tool_choice, trivial=lambda v: v in _TOOL_CHOICE_OK),
     Field('parallel_tool_calls', _parallel, trivial=lambda v: v in (None, True)),
+    Field('verbosity', _verbosity(responses_route=False)),
+    Field('tools[].strict', _strict_support, part_of=_strict('function'), trivial=lambda v: not v),
+    Field('prompt_cache_options', _passed('prompt_cache_options', _OPENAI_KINDS, 'hint_ignored'),
+          trivial=lambda v: not v),
+    Field('prompt_cache_retention', _passed('prompt_cache_retention', _OPENAI_KINDS, 'hint_ignored')),
+    Field('moderation', _same(UNSUPPORTED, 'the gateway runs no moderation, and never skips one silently')),
 ]}
 
 ROUTES = {RESPONSES: RESPONSES_FIELDS, CHAT: CHAT_FIELDS}

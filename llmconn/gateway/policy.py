@@ -15,7 +15,7 @@ from typing import Any
 
 from llmconn import items as canon
 from llmconn.errors import GatewayError
-from llmconn.gateway.capabilities import LOSSES, RESPONSES, ROUTES, UNSUPPORTED, Support
+from llmconn.gateway.capabilities import LOSSES, RESPONSES, ROUTES, UNSUPPORTED, Field, Support
 from llmconn.gateway.echo import param as echo_param, shown, shown_all
 
 
@@ -76,7 +76,7 @@ def check_loss(resolution: Resolution, policy: Policy, name: str, loss: str, why
 def resolve(route: str, kind: str, body: dict, policy: Policy) -> Resolution:
     """Map every non-structural field of ``body`` for ``kind``; refuse what cannot be honoured."""
     fields = ROUTES[route]
-    unknown = sorted(set(body) - set(fields))
+    unknown = sorted(set(body) - {name for name, spec in fields.items() if spec.part_of is None})
     if unknown:
         raise GatewayError(f'unknown field {shown(unknown[0])} for {route}; the gateway refuses fields it does not '
                            f'know rather than ignore them', param=echo_param(unknown[0]), code='unknown_field')
@@ -84,22 +84,35 @@ def resolve(route: str, kind: str, body: dict, policy: Policy) -> Resolution:
         _refuse_tool_items(route, kind, body)
     resolution = Resolution()
     for name, value in body.items():
-        spec = fields[name]
-        if spec.trivial(value):
-            continue
-        if spec.structural and (kind not in spec.support or spec.support[kind].level != UNSUPPORTED):
-            continue        # the route's own business (an unsupported one is refused below all the same)
-        support = spec.support.get(kind) or Support(UNSUPPORTED)
-        if support.level == UNSUPPORTED:
-            if not support.loss:
-                raise GatewayError(f'{name} is not supported with a {kind} backend'
-                                   + (f' ({support.how})' if support.how else ''), param=name,
-                                   code='unsupported_field')
-            check_loss(resolution, policy, name, support.loss, f'not supported with a {kind} backend')
-            continue
-        if support.to_params is not None:
-            _merge(resolution.params, support.to_params(value))
+        _field(fields[name], kind, value, policy, resolution)
+    for spec in fields.values():
+        if spec.part_of is not None and spec.part_of(body) is not None:
+            _field(spec, kind, spec.part_of(body), policy, resolution)
     return resolution
+
+
+def _field(spec: Field, kind: str, value: Any, policy: Policy, resolution: Resolution) -> None:
+    """One field's value: a no-op, the route's own, provider params, an accepted loss, or a 400."""
+    name = spec.name
+    if spec.trivial(value):
+        return
+    if spec.structural and (kind not in spec.support or spec.support[kind].level != UNSUPPORTED):
+        return      # the route's own business (an unsupported one is refused below all the same)
+    support = spec.support.get(kind) or Support(UNSUPPORTED)
+    if support.level == UNSUPPORTED:
+        if not support.loss:
+            raise GatewayError(f'{name} is not supported with a {kind} backend'
+                               + (f' ({support.how})' if support.how else ''), param=name,
+                               code='unsupported_field')
+        check_loss(resolution, policy, name, support.loss, f'not supported with a {kind} backend')
+        return
+    if support.to_params is not None:
+        _merge(resolution.params, support.to_params(value))
+
+
+def dropped(resolution: Resolution, name: str) -> bool:
+    """Whether the field ``name`` was accepted as a loss (so it must not reach the backend)."""
+    return any(entry.partition(':')[0] == name for entry in resolution.downgrades)
 
 
 def runs_tools(route: str, kind: str) -> bool:

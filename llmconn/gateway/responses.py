@@ -30,7 +30,7 @@ from typing import Any
 
 from llmconn.errors import GatewayError
 from llmconn import items as canon
-from llmconn.gateway import backend, call_registry, forget, input_items, items as mod_items, reasoning
+from llmconn.gateway import backend, call_registry, effective, forget, input_items, items as mod_items, reasoning
 from llmconn.gateway import tools as mod_tools
 from llmconn.gateway.capabilities import RESPONSES
 from llmconn.gateway.echo import shown, shown_all
@@ -73,7 +73,8 @@ class Call:
     custom: frozenset = frozenset()     # the names of the request's custom tools
     expiry: float = 30 * 86400     # seconds the record is kept (gateway.response_expiry)
     id: str = field(default_factory=new_response_id)
-    created_at: float = field(default_factory=mod_time.time)
+    created_at: int = field(default_factory=lambda: int(mod_time.time()))
+    settings: dict = field(default_factory=dict)      # what the Response echoes (effective.settings)
 
 
 def prepare(gw: Any, key: Any, body: Any) -> Call:
@@ -87,6 +88,7 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
     policy = Policy.parse(body.get('fallback_policy'))
     sealing, include = reasoning.split_include(body.get('include'))
     resolution = resolve(RESPONSES, backend.kind(conn), dict(body, include=include), policy)
+    tools = mod_tools.honoured(tools, resolution)
     store, stream = _flag(body, 'store', True), _flag(body, 'stream', False)
     instructions = body.get('instructions')
     if instructions is not None:
@@ -110,7 +112,8 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
                 expiry=gw.config.response_expiry,
                 provider_previous_id=previous['provider_response_id'] if _provider_kept(previous) else '',
                 tools=tools, hosted=hosted, sealer=sealer if sealing else None, custom=custom,
-                echo_tools=[_echo(t) for t in tools] + [h for h in hosted if h.get('type') == 'custom'])
+                echo_tools=[_echo(t) for t in tools] + [h for h in hosted if h.get('type') == 'custom'],
+                settings=effective.settings(conn, body, resolution.downgrades))
     if previous is not None:
         forget.join(gw, key.tenant, previous, call.id)      # so that deleting an ancestor finds it
     return call
@@ -128,7 +131,7 @@ def _new_items(gw: Any, key: Any, body: dict, sealing: bool) -> tuple[list, Any]
 
 def _echo(tool: Any) -> dict:
     return {'type': 'function', 'name': tool.name, 'description': tool.description or None,
-            'parameters': tool.parameters, 'strict': False}
+            'parameters': tool.parameters, 'strict': bool(tool.strict)}
 
 
 def _provider_kept(previous: dict | None) -> bool:
@@ -252,13 +255,29 @@ def usage_object(input_tokens: int, output_tokens: int, estimated: bool = False,
 
 def response_object(call: Call, status: str, output: list, usage: dict | None, *, reason: str = '',
                     error: dict | None = None) -> dict:
-    """A Response as OpenAI shapes it (``openai.types.responses.Response`` validates it)."""
-    return {'id': call.id, 'object': 'response', 'created_at': call.created_at, 'status': status,
-            'model': call.model, 'output': output, 'instructions': call.instructions,
-            'metadata': call.metadata, 'previous_response_id': call.previous['id'] if call.previous else None,
-            'usage': usage, 'error': error, 'incomplete_details': {'reason': reason} if reason else None,
-            'parallel_tool_calls': True, 'tool_choice': 'auto', 'tools': call.echo_tools, 'store': call.store,
-            'text': {'format': {'type': 'text'}}, 'truncation': 'disabled', 'background': False}
+    """A Response as the Open Responses specification and ``openai.types.responses.Response`` shape it."""
+    return _resource(id=call.id, created_at=call.created_at, completed_at=_completed_at(status), status=status,
+                     model=call.model, output=output, instructions=call.instructions, metadata=call.metadata,
+                     previous_response_id=call.previous['id'] if call.previous else None, usage=usage,
+                     error=error, incomplete_details={'reason': reason} if reason else None,
+                     tools=call.echo_tools, store=call.store, settings=call.settings)
+
+
+def _resource(*, settings: dict, **fields: Any) -> dict:
+    """Every field the specification requires, in its order; ``settings`` as :mod:`effective` made them."""
+    return {'id': fields['id'], 'object': 'response', 'created_at': int(fields['created_at']),
+            'completed_at': fields['completed_at'], 'status': fields['status'],
+            'incomplete_details': fields['incomplete_details'], 'model': fields['model'],
+            'previous_response_id': fields['previous_response_id'], 'instructions': fields['instructions'],
+            'output': fields['output'], 'error': fields['error'], 'tools': fields['tools'], 'tool_choice': 'auto',
+            'parallel_tool_calls': True, 'background': False, 'store': fields['store'],
+            'metadata': fields['metadata'], 'usage': fields['usage'],
+            **(settings or effective.stored_defaults())}
+
+
+def _completed_at(status: str) -> int | None:
+    """When the response ended; only a completed one has a completion time (as OpenAI reports it)."""
+    return int(mod_time.time()) if status == 'completed' else None
 
 
 def output_items(thinking: str, text: str, status: str, calls: list | None = None, sealed: str = '',
@@ -286,14 +305,15 @@ def record(call: Call, status: str, usage: dict | None, output: list, *, provide
            'lineage': forget.lineage(call.previous),
            'provider_response_id': provider_id if call.mode == 'provider' else '',
            'created_at': call.created_at, 'expires_at': call.created_at + ttl,
-           'completed_at': None if status == 'in_progress' else mod_time.time(),
+           'completed_at': None if status == 'in_progress' else int(mod_time.time()),
            'status': status, 'usage': usage or {}, 'downgrades': call.downgrades,
            'counts': {'input_items': len(call.context), 'output_items': len(output),
                       'function_calls': len(calls or ())}}
     keep_text = call.store and call.key.retention == 'standard'
     if keep_text:
         rec.update(instructions_hash=instructions_hash(call.instructions), instructions=call.instructions,
-                   metadata=call.metadata, output=output, input_items=input_items.render(call.id, call.input))
+                   metadata=call.metadata, output=output, input_items=input_items.render(call.id, call.input),
+                   settings=call.settings)
     if calls:
         rec['tool_calls'] = mod_tools.registry(calls)
     answered = _answered(call)
@@ -320,13 +340,24 @@ def _answered(call: Call) -> list:
              'status': 'answered'} for i in items if i['kind'] == canon.OUTPUT]
 
 
+def _stored_usage(usage: dict | None) -> dict | None:
+    """A record's usage as a Response carries it (a cancelled response's estimate has no details)."""
+    if not usage:
+        return None
+    if 'input_tokens_details' in usage:
+        return {k: v for k, v in usage.items() if k != 'estimated'}
+    return usage_object(usage.get('input_tokens') or 0, usage.get('output_tokens') or 0)
+
+
 def from_record(rec: dict) -> dict:
     """The Response a stored record describes (GET /v1/responses/{id})."""
-    status = rec['status']
-    return {'id': rec['id'], 'object': 'response', 'created_at': rec['created_at'], 'status': status,
-            'model': rec['model'], 'output': rec.get('output') or [], 'instructions': rec.get('instructions'),
-            'metadata': rec.get('metadata') or {}, 'previous_response_id': rec.get('previous_response_id'),
-            'usage': rec.get('usage') or None, 'error': rec.get('error'),
-            'incomplete_details': rec.get('incomplete_details'), 'parallel_tool_calls': True,
-            'tool_choice': 'auto', 'tools': [], 'store': True, 'text': {'format': {'type': 'text'}},
-            'truncation': 'disabled', 'background': False}
+    usage = rec.get('usage')
+    return _resource(id=rec['id'], created_at=rec['created_at'],
+                     completed_at=int(rec['completed_at']) if rec['status'] == 'completed' and rec.get('completed_at')
+                     else None,
+                     status=rec['status'], model=rec['model'], output=rec.get('output') or [],
+                     instructions=rec.get('instructions'), metadata=rec.get('metadata') or {},
+                     previous_response_id=rec.get('previous_response_id'),
+                     usage=_stored_usage(usage),
+                     error=rec.get('error'), incomplete_details=rec.get('incomplete_details'), tools=[],
+                     store=True, settings=rec.get('settings') or {})

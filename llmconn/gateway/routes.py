@@ -23,7 +23,8 @@ from typing import Any, Iterable
 
 from llmconn.errors import (GatewayError, InvalidInput, LLMAuthError, LLMConnError, LLMError, LLMRateLimited,
                             LLMTimeout, StoreError)
-from llmconn.gateway import chat_completions, dispatch, forget, input_items, responses
+from llmconn.gateway import chat_completions, dispatch, forget, input_items, responses, shapes
+from llmconn.gateway.capabilities import CHAT, RESPONSES
 from llmconn.gateway.echo import MAX_PARAM_CHARS, bounded, shown
 from llmconn.gateway.keys import GatewayConfig, bearer_token, find_key
 from llmconn.gateway.ledger import Ledger, ledger_client
@@ -36,6 +37,8 @@ _JSON = 'application/json'
 _SSE_HEADERS = [('Content-Type', 'text/event-stream; charset=utf-8'), ('Cache-Control', 'no-cache'),
                 ('X-Accel-Buffering', 'no')]
 _gateways: 'weakref.WeakKeyDictionary[Any, Gateway]' = weakref.WeakKeyDictionary()
+NOT_ENABLED = ('The OpenAI-compatible gateway is not enabled on this server: its llm.yaml configures no '
+               'gateway.keys. The operator enables it by adding gateway.keys (see docs/gateway.md).')
 
 
 class Gateway:
@@ -74,10 +77,9 @@ def gateway_for(registry: Any) -> Gateway:
 def handle(registry: Any, environ: dict, method: str, path: str, cid: str) -> tuple[int, list, Iterable[bytes]]:
     """Answer one request under ``/v1/``: ``(status, headers, body)``, never raising."""
     try:
+        if not registry.config.gateway.enabled:
+            raise GatewayError(NOT_ENABLED, 404, code='gateway_not_enabled')
         gw = gateway_for(registry)
-        if not gw.config.enabled:
-            raise GatewayError('the gateway is not enabled on this server: add gateway.keys to llm.yaml', 404,
-                               code='not_found')
         key = find_key(gw.config, bearer_token(environ.get('HTTP_AUTHORIZATION', '')))
         return _route(gw, key, environ, method, path[len(PREFIX):].rstrip('/'))
     except HTTPFailure as e:        # the body could not be read whole: the connection closes too
@@ -91,6 +93,7 @@ def _route(gw: Gateway, key: Any, environ: dict, method: str, route: str) -> tup
     if route in ('responses', 'chat/completions'):
         _allow(method, 'POST')
         body = _read_json(environ)
+        shapes.check(RESPONSES if route == 'responses' else CHAT, body)
         if route == 'responses':
             call = responses.prepare(gw, key, body)
             return _sse(dispatch.stream(gw, call)) if call.stream else _json(200, dispatch.respond(gw, call))
@@ -156,34 +159,55 @@ def _read_json(environ: dict) -> Any:
     from llmconn.wsgi import read_body      # the host's framing: bad chunks, stalls, sizes (HTTPFailure)
     raw = read_body(environ)
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_constant=_not_json, parse_float=_finite)
     except RecursionError:
         raise GatewayError('the request body is JSON nested too deeply; send a flatter object') from None
     except ValueError as e:
         raise GatewayError(f'the request body is not valid JSON ({e})') from None
 
 
+def _not_json(name: str) -> None:
+    # Python's parser takes NaN and Infinity, which JSON (RFC 8259) does not have.
+    raise ValueError(f'{name} is not a JSON number')
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float('inf'), float('-inf')):        # 1e400: valid JSON, but no float holds it
+        raise ValueError(f'the number {text[:32]} is too large')
+    return value
+
+
 def classify(e: BaseException) -> GatewayError:
-    """Any exception as the OpenAI-shaped error a client gets."""
+    """Any exception as the OpenAI-shaped error a client gets.
+
+    A backend's failure is told in the client's terms (what happened, and whether trying again helps):
+    the advice the library's message gives an operator ("check \"address\"", "check the connection's
+    secret") stays in the server log (SPEC §14), which :func:`error` writes for every 5xx.
+    """
     if isinstance(e, GatewayError):
         return e
     if isinstance(e, InvalidInput):
         return GatewayError(str(e))
     if isinstance(e, LLMTimeout):
-        return GatewayError(str(e), 504, type='server_error', code='backend_timeout')
+        return GatewayError('the backend did not answer in time; try again later', 504, type='server_error',
+                            code='backend_timeout')
     if isinstance(e, LLMRateLimited):
-        return GatewayError(str(e), 429, type='rate_limit_error', code='rate_limit_exceeded')
+        return GatewayError('the backend is rate-limiting or overloaded; try again later', 429,
+                            type='rate_limit_error', code='rate_limit_exceeded')
     if isinstance(e, LLMAuthError):
-        return GatewayError('the backend refused the gateway\'s credentials; the operator must fix them', 502,
-                            type='server_error', code='backend_auth')
+        return GatewayError('the backend refused the gateway\'s credentials', 502, type='server_error',
+                            code='backend_auth')
     if isinstance(e, LLMError):
+        status = f'HTTP {e.status}' if e.status else 'no answer'
         if e.status in (400, 413, 422):
-            return GatewayError(f'the backend refused the request: {e}', 400, code='backend_rejected')
-        return GatewayError(str(e), 502, type='server_error', code='backend_error')
+            said = f': {e.quoted}' if e.quoted else ''
+            return GatewayError(f'the backend refused the request ({status}){said}', 400, code='backend_rejected')
+        return GatewayError(f'the backend failed to answer ({status}); try again later', 502, type='server_error',
+                            code='backend_error')
     if isinstance(e, StoreError):
-        return GatewayError(str(e), 503, type='server_error', code='store_unavailable')
-    if isinstance(e, LLMConnError):
-        return GatewayError(str(e), 500, type='server_error')
+        return GatewayError('the gateway\'s store is unavailable; try again later', 503, type='server_error',
+                            code='store_unavailable')
     return GatewayError('internal error; the server log has the details under this request\'s cid', 500,
                         type='server_error')
 
@@ -193,7 +217,7 @@ def error(e: BaseException, cid: str, what: str) -> tuple:
     failure = classify(e)
     if failure.status >= 500:
         logger.error('%s failed with %d (cid=%s): %s', bounded(what, MAX_PARAM_CHARS), failure.status, cid,
-                     bounded(e.logged() if isinstance(e, LLMError) else str(failure)),
+                     bounded(e.logged() if isinstance(e, LLMError) else str(e) or str(failure)),
                      exc_info=not isinstance(e, LLMConnError))
     headers = [('WWW-Authenticate', 'Bearer')] if failure.status == 401 else []
     body = failure.body()

@@ -169,7 +169,7 @@ class ResponseEvents:
         step = max(1, len(text) // 3)
         for start in range(0, len(text), step):
             out.append(self._event('response.function_call_arguments.delta', **where, delta=text[start:start + step]))
-        out.append(self._event('response.function_call_arguments.done', **where, arguments=text, name=item['name']))
+        out.append(self._event('response.function_call_arguments.done', **where, arguments=text))
         self.output.append(item)
         return out + [self._event('response.output_item.done', output_index=index, item=item)]
 

@@ -274,6 +274,8 @@ def _tool(tool) -> dict:
     definition = {'name': tool.name, 'input_schema': tool.parameters}
     if tool.description:
         definition['description'] = tool.description
+    if tool.strict is not None:
+        definition['strict'] = tool.strict
     return definition
 
 

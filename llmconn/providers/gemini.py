@@ -33,6 +33,7 @@ from typing import Any, Iterable, Iterator
 from urllib.parse import quote
 
 from llmconn import items as mod_items
+from llmconn.errors import InvalidInput
 from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS, Provider
 from llmconn.providers.base import is_done_marker, json_event, nonempty, plain_reply
 from llmconn.providers.base import tokens
@@ -239,6 +240,9 @@ def _step(part: dict) -> dict:
 
 
 def _declaration(tool) -> dict:
+    if tool.strict:
+        # Gemini has no strict mode for function declarations: sending the tool without it would drop it.
+        raise InvalidInput(f'tool "{tool.name}": strict is not supported by Gemini; leave it unset')
     declaration = {'name': tool.name, 'parametersJsonSchema': tool.parameters}
     if tool.description:
         declaration['description'] = tool.description

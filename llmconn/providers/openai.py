@@ -229,6 +229,8 @@ def _tool(tool) -> dict:
     function = {'name': tool.name, 'parameters': tool.parameters}
     if tool.description:
         function['description'] = tool.description
+    if tool.strict is not None:
+        function['strict'] = tool.strict
     return {'type': 'function', 'function': function}
 
 

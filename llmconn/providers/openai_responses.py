@@ -321,7 +321,9 @@ def _bare(item: dict) -> dict:
 
 
 def _tool(tool) -> dict:
-    definition = {'type': 'function', 'name': tool.name, 'parameters': tool.parameters, 'strict': False}
+    # The API wants strict stated; false is its own default, so an unset one is sent as false.
+    definition = {'type': 'function', 'name': tool.name, 'parameters': tool.parameters,
+                  'strict': bool(tool.strict)}
     if tool.description:
         definition['description'] = tool.description
     return definition
