@@ -102,7 +102,7 @@ class App:
         return name if name in self.host.deployer.services or name in ROUTES else ''
 
     def _dispatch(self, environ: dict, method: str, path: str, cid: str) -> tuple:
-        if path.startswith(GATEWAY_PREFIX) and self.host.registry.config.gateway.enabled:
+        if path.startswith(GATEWAY_PREFIX):     # without gateway.keys it says so, in OpenAI's error shape
             return _gateway(self.host.registry, environ, method, path, cid)
         name = path.strip('/')
         route = ROUTES.get(name)
@@ -230,7 +230,7 @@ _GATEWAY_LABELS = {p: p for p in ('v1/responses', 'v1/chat/completions', 'v1/mod
 
 
 def _gateway(registry: Any, environ: dict, method: str, path: str, cid: str) -> tuple:
-    from llmconn.gateway.routes import handle      # only servers that enable the gateway load it
+    from llmconn.gateway.routes import handle      # only servers asked for /v1/ load the gateway
     return handle(registry, environ, method, path, cid)
 
 

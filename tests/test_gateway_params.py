@@ -192,16 +192,14 @@ def test_tools_strict_reaches_every_backend_that_has_it(gw, model, sent):
     assert sent(gw.fake.requests[-1]['body']) is True
 
 
-def test_tools_strict_on_gemini_is_refused_or_dropped_by_policy(gw):
-    before = len(gw.fake.requests)
-    refused = _create(gw, model='Gemini', input='hi', tools=[STRICT_TOOL])
-    assert refused.status_code == 400 and refused.json()['error']['param'] == 'tools[].strict'
-    assert len(gw.fake.requests) == before
-    answer = _create(gw, model='Gemini', input='hi', tools=[STRICT_TOOL],
-                     fallback_policy=dict(LOSSY, allowed_losses=['strict_schema_not_enforced']))
-    body = check_response(answer.json())
-    assert body.metadata['llmconn_downgrades'] == 'tools[].strict:strict_schema_not_enforced'
-    assert 'strict' not in str(gw.fake.requests[-1]['body']) and body.tools[0].strict is False
+def test_tools_strict_on_gemini_asks_for_validated_function_calls(gw):
+    answer = _create(gw, model='Gemini', input='hi', tools=[STRICT_TOOL])
+    assert answer.status_code == 200, answer.text
+    sent = gw.fake.requests[-1]['body']
+    assert sent['toolConfig'] == {'functionCallingConfig': {'mode': 'VALIDATED'}}
+    assert check_response(answer.json()).tools[0].strict is True
+    _create(gw, model='Gemini', input='hi', tools=[ORDER_TOOL])
+    assert 'toolConfig' not in gw.fake.requests[-1]['body']
 
 
 def test_a_reasoning_summary_on_a_chat_completions_backend_is_refused_not_dropped(gw):

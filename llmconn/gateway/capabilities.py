@@ -50,7 +50,6 @@ LOSSES = {
     'messages_merged': 'consecutive messages of one role are joined into one',
     'no_reasoning_summary': 'no reasoning summary is returned',
     'verbosity_ignored': 'the verbosity asked for is not sent; the model answers at its own length',
-    'strict_schema_not_enforced': 'tool arguments are not held strictly to the schema by the backend',
 }
 
 Mapper = Callable[[Any], dict]
@@ -204,9 +203,9 @@ _strict_support = {
     'openai-responses': Support(NATIVE, 'tools[].strict'),
     'openai': Support(NATIVE, 'tools[].function.strict'),
     'claude': Support(NATIVE, 'tools[].strict'),
-    'gemini': Support(UNSUPPORTED, 'function declarations have no strict mode', 'strict_schema_not_enforced'),
-    TEMPLATE: Support(UNSUPPORTED, 'a template renders one whole text answer: no tool calls',
-                      'strict_schema_not_enforced')}
+    'gemini': Support(EMULATED, 'toolConfig.functionCallingConfig.mode VALIDATED: every function of the '
+                                'request is held to its schema (Gemini has no per-function strict)'),
+    TEMPLATE: Support(UNSUPPORTED, 'a template renders one whole text answer: no tool calls')}
 
 
 def _verbosity(responses_route: bool) -> dict[str, Support]:

@@ -65,7 +65,6 @@ def prepare(gw: Any, key: Any, body: Any) -> ChatCall:
     tools, hosted = mod_tools.definitions(key, conn, body.get('tools'), chat=True)
     policy = Policy.parse(body.get('fallback_policy'))
     resolution = resolve(CHAT, backend.kind(conn), body, policy)
-    tools = mod_tools.honoured(tools, resolution)
     stream = body.get('stream') or False
     options = body.get('stream_options') or {}
     if not isinstance(stream, bool) or not isinstance(options, dict):

@@ -88,7 +88,6 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
     policy = Policy.parse(body.get('fallback_policy'))
     sealing, include = reasoning.split_include(body.get('include'))
     resolution = resolve(RESPONSES, backend.kind(conn), dict(body, include=include), policy)
-    tools = mod_tools.honoured(tools, resolution)
     store, stream = _flag(body, 'store', True), _flag(body, 'stream', False)
     instructions = body.get('instructions')
     if instructions is not None:

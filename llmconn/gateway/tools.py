@@ -27,7 +27,6 @@ call whose arguments are ``{"input": <text>}``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
@@ -36,7 +35,6 @@ from llmconn.errors import GatewayError, InvalidInput
 from llmconn.gateway.echo import shown
 from llmconn.gateway.backend import kind
 from llmconn.gateway.items import CUSTOM_TYPES
-from llmconn.gateway.policy import dropped
 from llmconn.gateway.stream import item_id
 
 FUNCTION_KINDS = (None, 'function')
@@ -44,7 +42,6 @@ CUSTOM_KIND = 'custom'
 CUSTOM_BACKEND = 'openai-responses'
 _CUSTOM_FIELDS = ('type', 'name', 'description', 'format')
 _GRAMMAR_SYNTAXES = ('lark', 'regex')
-STRICT_ROW = 'tools[].strict'       # the capability matrix's row for a function tool's strict
 
 
 def definitions(key: Any, conn: Any, raw: Any, chat: bool = False) -> tuple[tuple, tuple]:
@@ -143,13 +140,6 @@ def _function(spec: Any, where: str) -> mod_tools.Tool:
         raise GatewayError(f'{where}.strict must be true, false or null', param=f'{where}.strict')
     return mod_tools.Tool(name=spec['name'], description=description, parameters=parameters, function=None,
                           strict=strict)
-
-
-def honoured(tools: tuple, resolution: Any) -> tuple:
-    """``tools`` as the backend gets them: without ``strict`` when the request accepted that loss."""
-    if not dropped(resolution, STRICT_ROW):
-        return tools
-    return tuple(dataclasses.replace(t, strict=None) for t in tools)
 
 
 def _hosted(conn: Any, tool: dict, where: str) -> dict:

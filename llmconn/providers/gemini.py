@@ -33,7 +33,6 @@ from typing import Any, Iterable, Iterator
 from urllib.parse import quote
 
 from llmconn import items as mod_items
-from llmconn.errors import InvalidInput
 from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS, Provider
 from llmconn.providers.base import is_done_marker, json_event, nonempty, plain_reply
 from llmconn.providers.base import tokens
@@ -46,6 +45,7 @@ _normal_finish = frozenset({'STOP', 'MAX_TOKENS', 'FINISH_REASON_UNSPECIFIED'})
 # The API reads both spellings of a field, and refuses a body that sets one field under both
 # ("oneof field ... is already set"), so a snake_case generation_config is merged into ours.
 _generation_keys = ('generationConfig', 'generation_config')
+STRICT_MODE = 'VALIDATED'       # functionCallingConfig.mode: calls adhere to the declared schemas
 
 
 class GeminiProvider(Provider):
@@ -93,6 +93,10 @@ class GeminiProvider(Provider):
             tools.insert(0, {'functionDeclarations': [_declaration(t) for t in request.tools]})
         if tools:
             body['tools'] = tools
+        if any(t.strict for t in request.tools):
+            # Gemini has no per-function strict; VALIDATED mode holds every call of the request to its
+            # declaration's schema, which keeps what strict asks for (the other functions are held too).
+            body['toolConfig'] = {'functionCallingConfig': {'mode': STRICT_MODE}}
         if request.system:
             body['systemInstruction'] = {'parts': [{'text': request.system}]}
         generation = {'maxOutputTokens': self.conf.max_tokens}
@@ -240,9 +244,6 @@ def _step(part: dict) -> dict:
 
 
 def _declaration(tool) -> dict:
-    if tool.strict:
-        # Gemini has no strict mode for function declarations: sending the tool without it would drop it.
-        raise InvalidInput(f'tool "{tool.name}": strict is not supported by Gemini; leave it unset')
     declaration = {'name': tool.name, 'parametersJsonSchema': tool.parameters}
     if tool.description:
         declaration['description'] = tool.description
