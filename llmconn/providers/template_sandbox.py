@@ -5,9 +5,14 @@ not the immutable variant, since adapters build lists with ``.extend`` - with
 its quiet failures made loud: reaching an internal attribute (``__class__``,
 ``mro``, a frame or a function's globals; through ``.``, ``[]``, ``|attr``,
 ``|map(attribute=...)`` or ``str.format``) raises :class:`SecurityError`
-where the stock sandbox renders an empty string, and ``*`` / ``**`` refuse to
-build huge values in one expression. Loops can still spend time and memory:
-templates are configuration, written by whoever writes llm.yaml.
+where the stock sandbox renders an empty string, and no one expression may
+build a huge value: ``*`` / ``**`` are bounded, and so is every width or
+precision (``'%400000000s' % x``, ``|format``, ``'{:>400000000}'.format``,
+``'%*s'``, ``center`` and friends) and what ``replace`` and ``join`` may
+build. Each is checked before the value is made, so a refusal costs
+microseconds, not the seconds and gigabytes the value would have. Loops can
+still spend time and memory: templates are configuration, written by
+whoever writes llm.yaml.
 
 Its only global is ``namespace``; ``fromjson`` joins the stock filters, and
 ``tojson`` names what is missing instead of failing to serialize it. Missing
@@ -19,28 +24,28 @@ template compiles: a template holds all of its own text.
 from __future__ import annotations
 
 import json
+from functools import update_wrapper
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateSyntaxError, Undefined, nodes, pass_eval_context
+from jinja2 import StrictUndefined, TemplateSyntaxError, Undefined, filters, nodes, pass_eval_context
 from jinja2.exceptions import SecurityError
 from jinja2.filters import do_tojson
 from jinja2.sandbox import SandboxedEnvironment
 from jinja2.utils import Namespace
 
-MAX_REPEAT = 1_000_000          # items a sequence may be repeated to with ``*``
+from llmconn.providers import template_bounds as bounds
+from llmconn.providers.template_bounds import MAX_RENDER_CHARS, MAX_REPEAT
+
 MAX_INT_BITS = 1 << 16          # ``9 ** 10 ** 9`` or repeated squaring would hold a worker for minutes
 SHOWN_CHARS = 200               # of a rendered text quoted in an error
-MAX_RENDER_CHARS = 10 * 1024 * 1024     # a render longer than any request body the host accepts
-# str methods and filters whose int argument is the length of what they build: 'x'|center(10**9)
-# took 23 s and 1 GB; their width is bounded as ``*`` is.
-_WIDTH_METHODS = frozenset({'center', 'ljust', 'rjust', 'zfill', 'expandtabs'})
+MAX_JSON_INDENT = 64            # tojson's indent is written again on every line of the JSON
 _refused_tags = (nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends)
 
 
 class TemplateSandbox(SandboxedEnvironment):
     """The sandbox with its silent failures made loud and its arithmetic bounded."""
 
-    intercepted_binops = frozenset({'*', '**'})
+    intercepted_binops = frozenset({'*', '**', '%'})
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
         # The stock sandbox returns an undefined value, which renders as '' and hides the attempt.
@@ -48,6 +53,10 @@ class TemplateSandbox(SandboxedEnvironment):
 
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
         # Loops can still build large values; these are the one-expression blow-ups.
+        if operator == '%':
+            if isinstance(left, str):
+                bounds.check_percent(left, right)
+            return left % right
         if isinstance(left, int) and isinstance(right, int):
             bits = left.bit_length() + right.bit_length() if operator == '*' else left.bit_length() * right
             if bits > MAX_INT_BITS:
@@ -59,25 +68,32 @@ class TemplateSandbox(SandboxedEnvironment):
         return left * right if operator == '*' else left ** right
 
     def call(__self, __context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja2's names)
-        if isinstance(getattr(__obj, '__self__', None), str) and getattr(__obj, '__name__', '') in _WIDTH_METHODS:
-            _check_widths(args, kwargs)
+        if isinstance(getattr(__obj, '__self__', None), str):
+            name = getattr(__obj, '__name__', '')
+            if name in bounds.WIDTH_METHODS:
+                bounds.check_widths(args, kwargs)
+            elif name == 'replace':
+                bounds.check_replace(__obj.__self__, *args, **kwargs)
+            elif name == 'join' and len(args) == 1 and not kwargs:
+                args = (bounds.check_join(__obj.__self__, args[0]),)
         return super().call(__context, __obj, *args, **kwargs)
 
+    def wrap_str_format(self, value: Any):
+        """``str.format`` / ``format_map`` as the stock sandbox wraps them, with every field's width bounded."""
+        if super().wrap_str_format(value) is None:
+            return None
+        text, is_map = value.__self__, value.__name__ == 'format_map'
+        formatter = bounds.BoundedEscapeFormatter(self, escape=text.escape) if hasattr(text, 'escape') \
+            else bounds.BoundedFormatter(self)
 
-def _check_widths(args: tuple, kwargs: dict) -> None:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, int) and value > MAX_REPEAT:
-            raise SecurityError(f'a text padded to more than {MAX_REPEAT} characters')
+        def wrapper(*args: Any, **kwargs: Any) -> str:
+            if is_map:
+                if kwargs or len(args) != 1:
+                    raise TypeError('format_map() takes exactly one argument')
+                args, kwargs = (), args[0]
+            return type(text)(formatter.vformat(text, args, kwargs))
 
-
-def _bounded_width(name: str):
-    stock = SandboxedEnvironment().filters[name]
-
-    def bounded(value: Any, *args: Any, **kwargs: Any) -> Any:
-        _check_widths(args, kwargs)
-        return stock(value, *args, **kwargs)
-
-    return bounded
+        return update_wrapper(wrapper, value)
 
 
 @pass_eval_context
@@ -85,6 +101,9 @@ def _tojson(eval_ctx, value: Any, indent: int | None = None) -> Any:
     # The stock filter would say "StrictUndefined is not JSON serializable"; say what is missing.
     if isinstance(value, Undefined):
         value._fail_with_undefined_error()
+    if isinstance(indent, (int, str)) and not isinstance(indent, bool) and \
+            (len(indent) if isinstance(indent, str) else indent) > MAX_JSON_INDENT:
+        raise SecurityError(f'a JSON indent of more than {MAX_JSON_INDENT} (it is repeated on every line)')
     return do_tojson(eval_ctx, value, indent)
 
 
@@ -107,8 +126,13 @@ def environment() -> TemplateSandbox:
     env.globals['namespace'] = Namespace
     env.filters['fromjson'] = _fromjson
     env.filters['tojson'] = _tojson
-    env.filters['center'] = _bounded_width('center')
-    env.filters['indent'] = _bounded_width('indent')
+    env.filters['center'] = bounds.width_filter('center')
+    env.filters['indent'] = bounds.indent_filter
+    env.filters['format'] = bounds.format_filter
+    env.filters['replace'] = bounds.replace_filter
+    env.filters['join'] = bounds.join_filter
+    env.filters['batch'] = bounds.count_filter('batch', filters.do_batch)
+    env.filters['slice'] = bounds.count_filter('slice', filters.sync_do_slice)
     env.policies['json.dumps_kwargs'] = {'sort_keys': False}   # keep the author's key order
     return env
 
