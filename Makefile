@@ -13,6 +13,8 @@ STAMP := $(VENV)/.installed-stamp
 # project's venv (what `make test` and CI run in) never holds its large dependency tree.
 BENCH_VENV ?= .venv-bench-litellm
 BENCH_STAMP := $(BENCH_VENV)/.bench-stamp
+# `make test TEST_WORKERS=0` runs the suite in one process (pytest-xdist off); auto is one per core.
+TEST_WORKERS ?= auto
 
 .PHONY: run test bench bench-gateway bench-litellm check clean
 
@@ -30,8 +32,11 @@ $(BENCH_STAMP): setup.cfg pyproject.toml
 run: $(STAMP)
 	$(PY) -m llmconn.demo --host $(HOST) --port $(PORT) --provider-port $(PROVIDER_PORT)
 
+# Tests run in parallel (pytest-xdist); those that must not share the machine's cores with
+# others carry @pytest.mark.xdist_group and run one after another on one worker (loadgroup).
+# The slowest are listed at the end, to keep the suite fast.
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 # wrk drives the LiteLLM comparison; installed from the distribution when missing, as .ci/run installs redis.
 WRK_INSTALLED = command -v wrk >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null)

@@ -2,7 +2,11 @@
 
 Tests that are about locks, expiry or concurrency use a real Redis: a
 ``redis-server`` this session starts on a free port and kills at the end,
-or the server ``LLMCONN_TEST_REDIS_URL`` names (the tests then own it). No
+or the server ``LLMCONN_TEST_REDIS_URL`` names (the tests then own it).
+Without ``redis-server`` on ``PATH`` those tests fail, so a green run
+always means they ran; ``LLMCONN_TEST_ALLOW_NO_REDIS=1`` skips them instead,
+for a machine that cannot have one. Under ``pytest -n`` (xdist) each worker
+is its own session, with its own throwaway servers. No
 test ever writes to, flushes or script-flushes a server it was not given:
 the machine's own Redis on 6379 is never touched. Every test gets unique
 connection names, so tests never see each other's keys.
@@ -24,6 +28,22 @@ from llmconn import Registry
 from llmconn.testing.fake_server import FakeProviderServer
 from scripted_server import ScriptedServer
 
+ALLOW_NO_REDIS_ENV = 'LLMCONN_TEST_ALLOW_NO_REDIS'
+
+
+def require_programs(*names: str) -> list[str]:
+    """The paths of ``names`` on PATH; fails the test when one is missing (skips only if allowed)."""
+    paths = [shutil.which(name) for name in names]
+    missing = [name for name, path in zip(names, paths) if not path]
+    if missing:
+        message = (f'{" and ".join(missing)} not found on PATH: install Redis (apt-get install redis-server '
+                   f'redis-tools; .ci/run does), or set {ALLOW_NO_REDIS_ENV}=1 to skip the tests that need it')
+        if os.environ.get(ALLOW_NO_REDIS_ENV):
+            pytest.skip(message)
+        pytest.fail(message, pytrace=False)
+    return paths
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
@@ -39,9 +59,7 @@ class RedisServer:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> 'RedisServer':
-        exe = shutil.which('redis-server')
-        if not exe:
-            pytest.skip('redis-server is not installed')
+        exe, = require_programs('redis-server')
         self.process = subprocess.Popen(
             [exe, '--port', str(self.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -7,16 +7,17 @@ when starting failed half-way). Every wait is bounded and polls a condition.
 
 from __future__ import annotations
 
+import os
 import random
-import shutil
 import socket
 import subprocess
 import threading
 import time
 from pathlib import Path
 
-import pytest
 import redis
+
+from conftest import require_programs
 
 START_TIMEOUT = 20.0
 
@@ -32,10 +33,21 @@ def port_pair_free(port: int) -> bool:
     return True
 
 
+def _port_range() -> range:
+    """Where this process looks for ports: a slice of 20000-30000 of its own under ``pytest -n``,
+    so two workers checking the same port at once cannot both take it."""
+    worker = os.environ.get('PYTEST_XDIST_WORKER', 'gw0')      # gw0, gw1, ...
+    count = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1'))
+    size = 10000 // max(count, 1)
+    start = 20000 + int(worker.removeprefix('gw') or 0) % max(count, 1) * size
+    return range(start, start + size)
+
+
 def free_ports(count: int) -> list[int]:
     ports: list[int] = []
+    candidates = _port_range()
     while len(ports) < count:
-        port = random.randrange(20000, 30000)
+        port = random.choice(candidates)
         if port not in ports and port_pair_free(port):
             ports.append(port)
     return ports
@@ -67,9 +79,7 @@ class Servers:
         self.dir = directory
         self.processes: dict[int, subprocess.Popen] = {}
         self.argv: dict[int, list[str]] = {}
-        self.exe = shutil.which('redis-server')
-        if not self.exe or not shutil.which('redis-cli'):
-            pytest.skip('redis-server and redis-cli are needed')
+        self.exe, _ = require_programs('redis-server', 'redis-cli')
 
     def start(self, port: int, *args: str, config: str | None = None) -> None:
         argv = [self.exe]
