@@ -15,7 +15,7 @@ import requests as mod_requests
 # How long stop() waits for the subprocess to exit after SIGTERM before killing it.
 STOP_TIMEOUT = 5.0
 CONTROL_TIMEOUT = 10.0
-_READY_PREFIX = 'fake provider listening on '
+READY_PREFIX = 'fake provider listening on '
 
 
 class FakeProviderProcess:
@@ -31,12 +31,12 @@ class FakeProviderProcess:
     def from_process(cls, process: subprocess.Popen) -> 'FakeProviderProcess':
         """Wait for the subprocess to print its address, then wrap it."""
         line = process.stdout.readline() if process.stdout else ''
-        if not line.startswith(_READY_PREFIX):
+        if not line.startswith(READY_PREFIX):
             process.kill()
             process.wait()
             raise RuntimeError(f'fake provider subprocess did not start (exit code {process.returncode}, '
                                f'said {line!r}); run "python -m llmconn.testing.fake_server" to see why')
-        return cls(process, line[len(_READY_PREFIX):].strip())
+        return cls(process, line[len(READY_PREFIX):].strip())
 
     def __repr__(self) -> str:
         return f'<FakeProviderProcess {self.url} pid={self.process.pid}>'

@@ -240,7 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     """Serve until interrupted; the first line printed is ``fake provider listening on <url>``."""
     args = _parser().parse_args(argv)
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
-    server = FakeProviderServer(args.host, args.port, args.latency, api_key=api_key).start()
+    try:
+        server = FakeProviderServer(args.host, args.port, args.latency, api_key=api_key).start()
+    except OSError as e:        # the port is taken: the message says which and what to do
+        print(f'error: {e.strerror or e}', file=sys.stderr)
+        return 1
     print(f'fake provider listening on {server.url}', flush=True)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
