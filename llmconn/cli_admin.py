@@ -72,6 +72,14 @@ def _registry(args):
     return Registry.from_file(args.config)
 
 
+def _note_one_process(registry, args) -> None:
+    """A memory:// store is this command's own: say that a server's chats are out of its sight."""
+    if not registry.store.shared:
+        print(f'note: {args.config} stores chats in {registry.store.url_for_display}, inside each process, so '
+              f'this command sees only its own, never those of a running llmconn serve; to reach them, set '
+              f'redis.url (REDIS_URL) to the Redis the server uses', file=sys.stderr)
+
+
 # -- usage, history, forget, chats ----------------------------------------------------------------
 
 def cmd_usage(args) -> int:
@@ -94,6 +102,7 @@ def cmd_usage(args) -> int:
 def cmd_history(args) -> int:
     registry = _registry(args)
     try:
+        _note_one_process(registry, args)
         messages = registry[args.name].history(args.chat_id)
     finally:
         registry.close()
@@ -110,6 +119,7 @@ def cmd_history(args) -> int:
 def cmd_forget(args) -> int:
     registry = _registry(args)
     try:
+        _note_one_process(registry, args)
         conn = registry[args.name]
         had = conn.history(args.chat_id)
         conn.delete_history(args.chat_id)       # whatever the read found: a turn saved meanwhile goes too
@@ -125,6 +135,7 @@ def cmd_forget(args) -> int:
 def cmd_chats(args) -> int:
     registry = _registry(args)
     try:
+        _note_one_process(registry, args)
         registry[args.name]
         ids = list_chats(registry.store, args.name, args.match)
     finally:

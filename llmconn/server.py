@@ -29,6 +29,7 @@ import logging
 import signal
 import sys
 import time as mod_time
+from pathlib import Path
 
 logger = logging.getLogger('llmconn.server')
 
@@ -47,7 +48,8 @@ _PATCH_SENSITIVE = ('requests', 'urllib3', 'redis')
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``llmconn serve``."""
     parser.add_argument('--config', default=DEFAULT_CONFIG, help=f'the YAML configuration (default {DEFAULT_CONFIG})')
-    parser.add_argument('--services', default=DEFAULT_SERVICES,
+    # None: not given, so a missing ./services is a warning (a gateway-only host); a given one must exist.
+    parser.add_argument('--services', default=None,
                         help=f'directory of *.py services, hot-deployed (default {DEFAULT_SERVICES})')
     parser.add_argument('--host', default=DEFAULT_HOST, help=f'address to listen on (default {DEFAULT_HOST})')
     parser.add_argument('--port', type=int, default=DEFAULT_PORT, help=f'port (default {DEFAULT_PORT})')
@@ -103,6 +105,10 @@ def _bad_flags(args: argparse.Namespace) -> str:
         return '--idle-timeout must be more than 0 seconds'
     if args.max_connections < 0:
         return '--max-connections must be at least 1 (or 0 for the default)'
+    if args.services is not None and not Path(args.services).is_dir():
+        state = 'is not a directory' if Path(args.services).exists() else 'does not exist'
+        return (f'--services {args.services} {state}; create it, or point --services at the directory that '
+                f'holds your *.py services')
     if args.workers > 1:
         return _unshareable_store(args.config)
     return ''
@@ -187,8 +193,12 @@ def _serve(args: argparse.Namespace) -> int:
     logs.configure(args.log_format, args.log_level)
     worker = args.listen_fd is not None
     observer = observe.install_server(metrics=args.metrics, shared=worker)
+    services = args.services or DEFAULT_SERVICES
+    if not Path(services).is_dir():
+        logger.warning('No services directory %s: serving no services until it is created (give one with '
+                       '--services)', Path(services).resolve())
     try:
-        host = Host.from_paths(args.config, args.services)
+        host = Host.from_paths(args.config, services)
         listener = mod_listener.adopt(args.listen_fd) if worker else listen(args.host, args.port)
     except (ConfigError, OSError) as e:
         print(f'error: {e}', file=sys.stderr)

@@ -146,6 +146,7 @@ class UsageLedger:
         self._wakeup = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._lost_reported = 0     # the calls close() last said were lost
         self._failing = False
         _ledgers.add(self)
 
@@ -280,9 +281,14 @@ class UsageLedger:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
-        if not self.flush():
+        if self.flush():
+            self._lost_reported = 0
+            return
+        lost = self.pending()
+        if lost != self._lost_reported:     # at exit, after Registry.close() said so: not twice
             logger.error('Usage counts of %d call(s) could not be written before closing and are lost; '
-                         'is Redis (%s) down?', self.pending(), self.store.url_for_display)
+                         'is Redis (%s) down?', lost, self.store.url_for_display)
+        self._lost_reported = lost
 
     def has_unwritten(self) -> bool:
         """Counts of this process not written yet (of any hash)."""
