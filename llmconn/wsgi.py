@@ -13,11 +13,14 @@ returning ``(status, headers, body)``, its methods, and ``public=True`` if
 it must answer without an API key.
 
 ``/health`` is liveness and needs no key: 200 while the process serves,
-``status`` "ok", or "config-error" when the configuration file failed to
-(re)load (a restart would not help: the process could not start with it).
-``/ready`` is readiness for a load balancer: 200 only when the configuration
-is loaded, the chat store answers and the server is not shutting down,
-else 503 with a short reason that holds no secret and no host:port.
+``status`` "ok", or "config-error" with the error when an edit of the
+configuration file failed to reload (a restart would not help: the process
+could not start with it). ``/ready`` is readiness for a load balancer: 200
+when the chat store answers and the server is not shutting down, else 503
+with a short reason that holds no secret and no host:port. A failed reload
+leaves it ready, ``status`` "degraded": the last good configuration keeps
+serving, and one typo must not take every host of a fleet out of its
+balancer at once.
 """
 
 from __future__ import annotations
@@ -154,10 +157,12 @@ class App:
             raise HTTPFailure(401, 'a valid API key is required: send it as X-API-Key or Authorization: Bearer',
                               [('WWW-Authenticate', 'Bearer')])
 
-    def config_error(self) -> bool:
-        """Whether the configuration file failed to (re)load (the previous one keeps serving)."""
+    def config_error(self) -> str:
+        """Why the configuration file failed to reload (the previous one keeps serving), or ''."""
         status = self.host.config.status() if self.host.config else {}
-        return bool(status.get('last_error'))
+        error = status.get('last_error') or ''
+        # The file's name, not where it lives: /health answers anyone. The errors never quote values.
+        return error.replace(str(self.host.config.path), status['file']) if error else ''
 
     def store_problem(self) -> str:
         """'' when the chat store answers, else a short reason without its address."""
@@ -175,22 +180,24 @@ class App:
 
 
 def _health(app: App, environ: dict, cid: str) -> tuple:
-    if app.config_error():
-        return json_response(200, {'status': 'config-error', 'reason': _CONFIG_REASON})
+    error = app.config_error()
+    if error:
+        return json_response(200, {'status': 'config-error', 'reason': _CONFIG_REASON, 'error': error})
     return json_response(200, {'status': 'ok'})
 
 
 def _ready(app: App, environ: dict, cid: str) -> tuple:
-    if app.draining:
-        reason = 'the server is shutting down'
-    else:
-        reason = _CONFIG_REASON if app.config_error() else app.store_problem()
+    reason = 'the server is shutting down' if app.draining else app.store_problem()
     if reason:
         return json_response(503, {'status': 'not-ready', 'reason': reason})
+    if app.config_error():
+        return json_response(200, {'status': 'degraded', 'reason': _DEGRADED_REASON})
     return json_response(200, {'status': 'ready'})
 
 
-_CONFIG_REASON = 'the configuration file failed to load; the server log and GET /services have the error'
+_CONFIG_REASON = 'the configuration file failed to reload; the last good configuration keeps serving'
+_DEGRADED_REASON = ('serving the last good configuration: an edit of the configuration file failed to reload '
+                    '(GET /health has the error)')
 
 
 def _services(app: App, environ: dict, cid: str) -> tuple:

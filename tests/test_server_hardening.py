@@ -411,9 +411,17 @@ def test_health_and_ready_report_a_config_that_failed_to_reload(tmp_path, fake):
         config = tmp_path / 'llm.yaml'
         config.write_text(config.read_text() + '\n  - name: broken\n    provider: nope\n')
         assert wait_for(lambda: s.get('health').json()['status'] == 'config-error')
+        health = s.get('health').json()
+        assert health['error'] == 'ConfigError: llm.yaml: connection "broken": field "model": required key is missing'
+        assert str(tmp_path) not in health['error']                 # public: the file's name, not its place
+        # One typo must not take the fleet out of its balancer: still ready, on the last good config.
         ready = s.get('ready')
-        assert ready.status_code == 503 and 'configuration' in ready.json()['reason']
+        assert ready.status_code == 200 and ready.json()['status'] == 'degraded'
+        assert ready.json()['reason'].startswith('serving the last good configuration')
         assert s.post('test.echo', {'a': 1}).status_code == 200     # the previous config keeps serving
+        config.write_text(config.read_text().replace('provider: nope', 'provider: claude\n    model: m'))
+        assert wait_for(lambda: s.get('ready').json() == {'status': 'ready'})
+        assert s.get('health').json() == {'status': 'ok'}
     finally:
         s.close()
 
