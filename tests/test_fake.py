@@ -156,3 +156,76 @@ def test_the_fake_refuses_exactly_what_the_real_connection_refuses(call, open_re
         call(fake)
     assert str(fake_error.value) == str(real_error.value)
     assert fake.replies[0] == 'kept' and provider.requests == []
+
+
+# -- tools: the same signatures as a connection, and the same answers as one on the fake provider -----
+
+def test_the_fake_takes_the_very_arguments_a_connection_takes():
+    import inspect
+
+    from llmconn.connection import Connection
+    for name in ('invoke', 'chat', 'stream', 'ping', 'history', 'delete_history', 'close'):
+        real, fake = inspect.signature(getattr(Connection, name)), inspect.signature(getattr(FakeConnection, name))
+        assert fake == real, f'{name}: FakeConnection{fake} but Connection{real}'
+
+
+def get_order(order_id: str) -> str:
+    """Look up an order by its id."""
+    return {'123': 'shipped'}[order_id]
+
+
+def tool_session(conn) -> list:
+    """The README's tool walk-through: an automatic tool, then a manual one answered later."""
+    import llmconn
+    seen = []
+    reply = conn.chat('call get_order {"order_id": "123"}', chat_id='ann', tools=[get_order])
+    seen.append(reply)
+    refund = llmconn.Tool('refund', 'Ask a human to approve a refund.',
+                          {'type': 'object', 'properties': {'amount': {'type': 'integer'}}})
+    waiting = conn.chat('call refund {"amount": 10}', chat_id='bob', tools=[refund])
+    seen.append(waiting)
+    with pytest.raises(InvalidInput, match='waits for the outputs'):
+        conn.chat('hello?', chat_id='bob', tools=[refund])
+    with pytest.raises(InvalidInput, match='exactly the pending call ids'):
+        conn.chat(chat_id='bob', tool_outputs={'nope': 'x'}, tools=[refund])
+    call_id = waiting['tool_calls'][0]['call_id']
+    seen.append(conn.chat(chat_id='bob', tool_outputs={call_id: 'approved'}, tools=[refund]))
+    seen.append([e.type for e in conn.stream('call get_order {"order_id": "123"}', chat_id='cy',
+                                             tools=[get_order])])
+    return seen + [conn.history('ann'), conn.history('bob')]
+
+
+def _without_ids(value):
+    """``value`` with call ids (made by each provider, or by the fake) and usage left out."""
+    if isinstance(value, dict):
+        return {k: _without_ids(v) for k, v in value.items() if k not in ('call_id', 'usage', 'raw', 'model',
+                                                                          'id', 'response_id', 'stop_reason')
+                or k == 'stop_reason' and v == 'tool_calls'}
+    if isinstance(value, list):
+        return [_without_ids(v) for v in value if v not in ('thinking',)]
+    return value
+
+
+def test_tool_turns_of_the_fake_answer_as_a_connection_on_the_fake_provider_does(provider, open_registry):
+    registry = open_registry({'llm': [{'name': 'Support', 'provider': 'claude', 'model': 'claude-sonnet-5-5',
+                                       'address': provider.url}]})
+    real = tool_session(registry['Support'])
+    fake = tool_session(FakeConnection())
+    assert real[0]['text'] == fake[0]['text'] == 'tool said: shipped'
+    assert real[2]['text'] == fake[2]['text'] == 'tool said: approved'
+    assert _without_ids(fake) == _without_ids(real)
+
+
+def test_bad_tools_and_tool_outputs_are_refused_as_a_connection_refuses_them():
+    conn = FakeConnection()
+    with pytest.raises(InvalidInput, match='tools must be a list'):
+        conn.chat('hi', tools=get_order)
+    with pytest.raises(InvalidInput, match='neither a callable'):
+        conn.invoke('hi', tools=['get_order'])
+    with pytest.raises(InvalidInput, match='either text or tool_outputs'):
+        conn.chat('hi', chat_id='c', tool_outputs={'x': 'y'})
+    with pytest.raises(InvalidInput, match='no pending tool calls'):
+        conn.chat(chat_id='c', tool_outputs={'x': 'y'})
+    assert conn.calls == []                     # refused before anything, as before any network call
+    conn.chat('call get_order {"order_id": "123"}', tools=[get_order])
+    assert conn.calls[-1]['tools'] == ['get_order']

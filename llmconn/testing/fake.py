@@ -8,6 +8,12 @@ appended to ``.calls``. Chats keep an in-memory history, cut to the same
 window as a real connection, so ``history()`` and the echo's ``users:`` count
 behave as they would against a provider.
 
+``tools=`` and ``tool_outputs=`` are taken as a connection takes them (the
+same signatures, checked by the same functions). With no queued reply, a
+message ``call NAME {json}`` runs that tool, as the fake provider's model
+would ask for it, and answers ``tool said: <output>``; a manual tool
+(``function=None``) leaves the chat waiting for ``tool_outputs``.
+
     llm = FakeRegistry({'My Claude': FakeConnection(['Hello Ann'])})
     service.llm = llm
     ...
@@ -17,27 +23,44 @@ behave as they would against a provider.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections import deque
 from typing import Any, Iterable, Iterator, Mapping
 
+from llmconn import tools as mod_tools
 from llmconn.checks import check_chat_id, check_params, check_skill, check_text
-from llmconn.errors import UnknownConnection
+from llmconn.errors import InvalidInput, UnknownConnection
 from llmconn.providers import PROVIDERS
 from llmconn.testing.fake_common import count_words, reply_text, text_chunks
+from llmconn.testing.fake_tools import TOOL_ANSWER_PREFIX, requested_calls
+# The very conversion a connection applies to tool_outputs (a str, or JSON of any other value).
+from llmconn.tool_loop import _output_text as output_text, check_outputs
 from llmconn.types import Event
 
 DEFAULT_MAX_HISTORY_TURNS = 20
 
 
 def _check(text: Any, chat_id: Any, chat_id_required: bool = False, skill: Any = '',
-           params: dict | None = None, reserved: frozenset[str] = frozenset()) -> None:
+           params: dict | None = None, reserved: frozenset[str] = frozenset(), outputs: Any = None) -> None:
     """The argument checks a real connection makes before any network call: the very same functions."""
-    if text is not None:
+    if outputs is not None:
+        check_chat_id(chat_id, True)
+        check_outputs(text, outputs)
+    elif text is not None:
         check_text(text)
     check_chat_id(chat_id, chat_id_required)
     if skill:
         check_skill(skill)
     check_params(params or {}, reserved)
+
+
+def _tools(tools: Any) -> tuple:
+    """``tools=`` checked as a connection checks it (no hosted tools: a fake has no ``hosted_tools``)."""
+    if tools is None:
+        return ()
+    if not isinstance(tools, (list, tuple)):
+        raise InvalidInput('tools must be a list of callables or llmconn.Tool objects, e.g. tools=[get_order]')
+    return mod_tools.prepare(list(tools))
 
 
 class FakeConnection:
@@ -55,6 +78,7 @@ class FakeConnection:
         # What ping() returns, or an exception instance it raises.
         self.ping_result: Any = True
         self._chats: dict[str, list[dict]] = {}
+        self._pending: dict[str, list[dict]] = {}      # chat id -> tool calls waiting for tool_outputs
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -65,17 +89,19 @@ class FakeConnection:
 
     # The public API of a connection
 
-    def invoke(self, text: str, skill: str = '', **params: Any) -> dict:
-        return self._answer('invoke', text, '', skill, params)
+    def invoke(self, text: str, skill: str = '', tools: Any = None, **params: Any) -> dict:
+        return self._answer('invoke', text, '', skill, params, tools, None)
 
-    def chat(self, text: str, chat_id: str = '', skill: str = '', **params: Any) -> dict:
-        return self._answer('chat', text, chat_id, skill, params)
+    def chat(self, text: str = '', chat_id: str = '', skill: str = '', tools: Any = None,
+             tool_outputs: dict | None = None, **params: Any) -> dict:
+        return self._answer('chat', text, chat_id, skill, params, tools, tool_outputs)
 
-    def stream(self, text: str, chat_id: str = '', skill: str = '', **params: Any) -> Iterator[Event]:
+    def stream(self, text: str = '', chat_id: str = '', skill: str = '', tools: Any = None,
+               tool_outputs: dict | None = None, **params: Any) -> Iterator[Event]:
         """Checks and records now; deltas, then one ``done``, as the caller iterates."""
-        _check(text, chat_id, skill=skill, params=params, reserved=self.reserved_params)
-        reply = self._record_and_pop('stream', text, chat_id, skill, params)
-        return self._stream(reply, text, chat_id, skill)
+        prepared = self._checked(text, chat_id, skill, params, tools, tool_outputs)
+        reply = self._record_and_pop('stream', text, chat_id, skill, params, prepared, tool_outputs)
+        return self._stream(reply, text, chat_id, skill, prepared, tool_outputs)
 
     def ping(self) -> bool:
         self.calls.append({'method': 'ping', 'text': '', 'chat_id': '', 'skill': '', 'params': {}})
@@ -98,17 +124,37 @@ class FakeConnection:
 
     # Internals
 
-    def _answer(self, method: str, text: str, chat_id: str, skill: str, params: dict) -> dict:
-        _check(text, chat_id, skill=skill, params=params, reserved=self.reserved_params)
-        reply = self._record_and_pop(method, text, chat_id, skill, params)
-        result = self._result(reply, text, chat_id, skill)
-        self._save(chat_id, text, result['text'])
-        return result
-
-    def _record_and_pop(self, method: str, text: str, chat_id: str, skill: str, params: dict) -> Any:
+    def _checked(self, text: Any, chat_id: Any, skill: Any, params: dict, tools: Any, outputs: Any) -> tuple:
+        """Everything a connection checks before its first provider call, manual tools' state included."""
+        _check(text, chat_id, skill=skill, params=params, reserved=self.reserved_params, outputs=outputs)
+        prepared = _tools(tools)
         with self._lock:
-            self.calls.append({'method': method, 'text': text, 'chat_id': chat_id, 'skill': skill,
-                               'params': dict(params)})
+            waiting = [c['call_id'] for c in self._pending.get(chat_id, {}).get('calls', ())] if chat_id else []
+        if outputs is None and waiting:
+            raise InvalidInput(f'this chat waits for the outputs of tool calls {", ".join(waiting)}; answer them '
+                               f'with chat(chat_id=..., tool_outputs={{call_id: output}}) before sending new text')
+        if outputs is not None and not waiting:
+            raise InvalidInput('tool_outputs given, but this chat has no pending tool calls')
+        if outputs is not None and set(outputs) != set(waiting):
+            raise InvalidInput(f'tool_outputs must answer exactly the pending call ids {waiting}, '
+                               f'got {sorted(outputs)}')
+        return prepared
+
+    def _answer(self, method: str, text: str, chat_id: str, skill: str, params: dict, tools: Any,
+                outputs: dict | None) -> dict:
+        prepared = self._checked(text, chat_id, skill, params, tools, outputs)
+        reply = self._record_and_pop(method, text, chat_id, skill, params, prepared, outputs)
+        return self._turn(reply, text, chat_id, skill, prepared, outputs)
+
+    def _record_and_pop(self, method: str, text: str, chat_id: str, skill: str, params: dict,
+                        tools: tuple = (), outputs: dict | None = None) -> Any:
+        record = {'method': method, 'text': text, 'chat_id': chat_id, 'skill': skill, 'params': dict(params)}
+        if tools:           # only when given: a service's test comparing records of plain calls stays as it was
+            record['tools'] = [t.name for t in tools]
+        if outputs is not None:
+            record['tool_outputs'] = dict(outputs)
+        with self._lock:
+            self.calls.append(record)
             return self.replies.popleft() if self.replies else None
 
     def _window(self, chat_id: str) -> list[dict]:
@@ -120,15 +166,30 @@ class FakeConnection:
             messages = self._chats.get(chat_id, [])
             return list(messages[-keep:]) if keep > 0 else []
 
-    def _result(self, reply: Any, text: str, chat_id: str, skill: str) -> dict:
+    def _turn(self, reply: Any, text: str, chat_id: str, skill: str, tools: tuple, outputs: dict | None) -> dict:
+        """The result of one call, saved to the chat (a pending turn completed by ``outputs`` replaced)."""
+        with self._lock:
+            pending = self._pending.pop(chat_id, None) if outputs is not None else None
+        if pending is not None:
+            text = pending['user']
+        result = self._result(reply, text, chat_id, skill, tools, pending, outputs)
+        if chat_id and result.get('stop_reason') == 'tool_calls':
+            with self._lock:
+                self._pending[chat_id] = {'user': text, 'calls': result['tool_calls']}
+        self._save(chat_id, text, result, replace_last=pending is not None)
+        return result
+
+    def _result(self, reply: Any, text: str, chat_id: str, skill: str, tools: tuple = (),
+                pending: dict | None = None, outputs: dict | None = None) -> dict:
         if isinstance(reply, type) and issubclass(reply, BaseException):
             reply = reply()
         if isinstance(reply, BaseException):
             raise reply
-        window = self._window(chat_id)
+        window = self._window(chat_id)[:-2] if pending else self._window(chat_id)
         users = [m['content'] for m in window if m['role'] == 'user'] + [text]
-        echo = reply_text(users, bool(skill))
-        result: dict = {'text': reply if isinstance(reply, str) else echo}
+        result: dict = {'text': reply if isinstance(reply, str) else reply_text(users, bool(skill))}
+        if reply is None and (tools or pending):
+            result.update(_tool_answer(text, tools, pending, outputs))
         if isinstance(reply, Mapping):
             result.update(reply)
         result.setdefault('usage', {
@@ -139,21 +200,51 @@ class FakeConnection:
         result.setdefault('raw', {'fake': True, 'text': result['text']})
         return result
 
-    def _save(self, chat_id: str, text: str, answer: str) -> None:
+    def _save(self, chat_id: str, text: str, result: dict, replace_last: bool = False) -> None:
         if not chat_id:
             return
+        answer = {'role': 'assistant', 'content': result['text']}
+        if result.get('tool_calls'):
+            answer['tool_calls'] = result['tool_calls']
         with self._lock:
-            self._chats.setdefault(chat_id, []).extend(
-                [{'role': 'user', 'content': text}, {'role': 'assistant', 'content': answer}])
+            messages = self._chats.setdefault(chat_id, [])
+            if replace_last:
+                del messages[-2:]
+            messages.extend([{'role': 'user', 'content': text}, answer])
 
-    def _stream(self, reply: Any, text: str, chat_id: str, skill: str) -> Iterator[Event]:
-        result = self._result(reply, text, chat_id, skill)
+    def _stream(self, reply: Any, text: str, chat_id: str, skill: str, tools: tuple = (),
+                outputs: dict | None = None) -> Iterator[Event]:
+        result = self._turn(reply, text, chat_id, skill, tools, outputs)
         if result.get('thinking'):
             yield Event('thinking', text=result['thinking'])
+        for call in result.get('tool_calls', ()):
+            yield Event('tool_call', call={k: call[k] for k in ('call_id', 'name', 'arguments')})
+            if 'output' in call:
+                yield Event('tool_result', call=call)
         for piece in text_chunks(result['text']):
             yield Event('text', text=piece)
-        self._save(chat_id, text, result['text'])
         yield Event('done', result=result)
+
+
+def _tool_answer(text: str, tools: tuple, pending: dict | None, outputs: dict | None) -> dict:
+    """What the fake provider's model makes of ``call NAME {json}``: calls run, or left for the caller."""
+    if pending is not None:
+        done = [dict(c, output=output_text(outputs[c['call_id']]), is_error=False) for c in pending['calls']]
+        return _answered(done, rounds=1)
+    by_name = {t.name: t for t in tools}
+    calls = [{'call_id': f'call_{uuid.uuid4().hex[:12]}', 'name': name, 'arguments': arguments}
+             for name, arguments in requested_calls(text, by_name)]
+    if not calls:
+        return {'rounds': 1}
+    if any(by_name[c['name']].function is None for c in calls):
+        return {'text': '', 'tool_calls': calls, 'rounds': 1, 'stop_reason': 'tool_calls'}
+    done = [dict(c, **dict(zip(('output', 'is_error'), mod_tools.run(by_name[c['name']], c['name'], c['arguments']))))
+            for c in calls]
+    return _answered(done, rounds=2)
+
+
+def _answered(done: list[dict], rounds: int) -> dict:
+    return {'text': TOOL_ANSWER_PREFIX + ' | '.join(c['output'] for c in done), 'tool_calls': done, 'rounds': rounds}
 
 
 class FakeRegistry:
