@@ -15,7 +15,6 @@ connection names, so tests never see each other's keys.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -26,22 +25,8 @@ import redis
 
 from llmconn import Registry
 from llmconn.testing.fake_server import FakeProviderServer
+from redis_topology import require_programs
 from scripted_server import ScriptedServer
-
-ALLOW_NO_REDIS_ENV = 'LLMCONN_TEST_ALLOW_NO_REDIS'
-
-
-def require_programs(*names: str) -> list[str]:
-    """The paths of ``names`` on PATH; fails the test when one is missing (skips only if allowed)."""
-    paths = [shutil.which(name) for name in names]
-    missing = [name for name, path in zip(names, paths) if not path]
-    if missing:
-        message = (f'{" and ".join(missing)} not found on PATH: install Redis (apt-get install redis-server '
-                   f'redis-tools; .ci/run does), or set {ALLOW_NO_REDIS_ENV}=1 to skip the tests that need it')
-        if os.environ.get(ALLOW_NO_REDIS_ENV):
-            pytest.skip(message)
-        pytest.fail(message, pytrace=False)
-    return paths
 
 
 def free_port() -> int:

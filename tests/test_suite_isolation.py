@@ -7,7 +7,7 @@ from pathlib import Path
 
 import redis
 
-from conftest import ALLOW_NO_REDIS_ENV
+from redis_topology import ALLOW_NO_REDIS_ENV
 
 REDIS_TEST = f'{__file__}::test_the_suite_never_uses_a_redis_it_did_not_start'
 
