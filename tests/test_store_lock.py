@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 
@@ -91,35 +90,32 @@ def test_lock_wait_exceeded_raises_chat_busy(store, other, unique):
         started = time.monotonic()
         with pytest.raises(ChatBusy, match='lock_wait'):
             other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0.3)
-        assert 0.3 <= time.monotonic() - started < 1.0
+        assert time.monotonic() - started >= 0.3        # it waited its lock_wait, then gave up
         with pytest.raises(ChatBusy):
             other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0)
 
 
-def test_release_hands_over_to_a_waiter_within_milliseconds(store, other, unique):
-    delays = []
-    for i in range(20):
+def test_release_and_save_hand_over_to_a_waiter_in_one_wake_up(store, other, unique, redis_client):
+    # A missed wake-up would show as a second BLPOP (after the cap or the holder's ttl) or a re-sent
+    # ACQUIRE; polling as several. How fast the handoff is, is a figure of make bench.
+    keys = chat_keys(unique, 'c')
+    for i in range(10):
+        sent = []
+        script, block = other._runner.script, other._runner.block
+        other._runner.script = lambda name, *a: sent.append(name) or script(name, *a)
+        other._runner.block = lambda *a: sent.append('BLPOP') or block(*a)
         holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
-        acquired = []
-
-        def waiter():
-            lock = other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
-            acquired.append(time.perf_counter())
-            lock.release()
-
-        thread = threading.Thread(target=waiter)
-        thread.start()
-        time.sleep(0.02)                   # let the waiter block in BLPOP
-        released = time.perf_counter()
+        waiter = threading.Thread(target=lambda: other.begin(unique, 'c', window=5, lock_ttl=TTL,
+                                                             lock_wait=TTL).release())
+        waiter.start()
+        wait_until_queued(redis_client, keys, 1)
         if i % 2:
             holder.release()
         else:
             holder.save(turn(f'm{i}'), expiry=60, max_turns=100)
-        thread.join(5)
-        delays.append(acquired[0] - released)
-    # A missed wake-up would cost the 1 s BLPOP cap; polling would cost its interval.
-    assert statistics.median(delays) < 0.005, delays
-    assert max(delays) < 0.5, delays
+        waiter.join(10)
+        other._runner.script, other._runner.block = script, block
+        assert sent == ['acquire', 'BLPOP', 'finish'], (i, sent)
 
 
 def test_waiting_sends_no_polling_commands(store, other, unique):
@@ -131,7 +127,7 @@ def test_waiting_sends_no_polling_commands(store, other, unique):
     threading.Timer(1.5, holder.release).start()
     started = time.monotonic()
     other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).release()
-    assert 1.5 <= time.monotonic() - started < 2.5          # woken by the release, nothing in between
+    assert time.monotonic() - started >= 1.5                # it waited for the release
     # ACQUIRE (busy, queued), one BLPOP woken by the release with the window, FINISH.
     assert sent == ['acquire', 'BLPOP', 'finish']
 
@@ -159,8 +155,8 @@ def test_waiter_wakes_when_a_short_lock_expires(store, other, unique, redis_clie
     token = 'dead-holder'
     redis_client.set(chat_keys(unique, 'c').lock, token, px=300)
     started = time.monotonic()
-    other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).release()
-    assert 0.25 < time.monotonic() - started < 0.6
+    other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).release()     # else ChatBusy after TTL
+    assert time.monotonic() - started > 0.25
 
 
 def test_renewal_keeps_a_lock_alive_past_its_ttl(store, other, unique, redis_client):
@@ -305,8 +301,8 @@ def test_a_waiter_killed_in_the_queue_blocks_the_chat_at_most_its_lock_ttl(store
     holder.release()
     assert redis_client.get(keys.lock) == b'dead00'     # handed to it, in its turn
     started = time.monotonic()
-    other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).release()
-    assert 0.3 < time.monotonic() - started < 1.0
+    other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).release()     # else ChatBusy after TTL
+    assert time.monotonic() - started > 0.3
 
 
 def test_a_waiter_past_its_deadline_is_skipped(store, other, unique, redis_client):
