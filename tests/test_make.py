@@ -133,3 +133,18 @@ def test_ci_runs_make_test_last_so_its_exit_is_the_scripts():
     script = (ROOT / '.ci' / 'run').read_text()
     assert 'set -euo pipefail' in script
     assert script.rstrip().splitlines()[-1] == 'make test'
+
+
+def test_the_readme_python_api_talks_to_the_make_run_demo_as_written():
+    import re
+
+    from llmconn import config as mod_config
+    from llmconn.demo import DEFAULT_PROVIDER_PORT
+    readme = (ROOT / 'README.md').read_text()
+    section = readme[readme.index('## Python API'):]
+    block = section[section.index('```python'):section.index('```\n', section.index('```python') + 3)]
+    path, = re.findall(r"Registry\.from_file\('([^']+)'\)", block)
+    # As in a user's shell: none of the variables set that tests/test_readme.py sets to run it.
+    conf = mod_config.load_file(ROOT / path, environ={})
+    assert conf.llm[0].name == 'Support' and conf.llm[0].address == f'http://127.0.0.1:{DEFAULT_PROVIDER_PORT}'
+    assert f'PROVIDER_PORT ?= {DEFAULT_PROVIDER_PORT}' in (ROOT / 'Makefile').read_text()
