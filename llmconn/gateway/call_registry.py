@@ -62,23 +62,33 @@ class Registry:
         Ledger._run(self.client.set, call_key(self.tenant, calls[0]['call_id']), value, None,
                     max(1, int(self.ttl * 1000)))
 
-    def answer(self, said: list[dict]) -> dict | None:
-        """The stored answer whose calls and text ``said`` (one answer's gateway items) are; else None."""
-        sent = [(i['call_id'], i['name'], i['arguments']) for i in said if i['type'] in CALL_TYPES]
-        if not self.keeps or not sent:
-            return None
-        raw = Ledger._run(self.client.get, call_key(self.tenant, sent[0][0]))
-        if not raw:
-            return None
-        stored = json.loads(raw)
-        steps = stored['steps']
-        text = ''.join(s['text'] for s in steps if s['kind'] in (canon.TEXT, canon.REFUSAL))
-        texts = [i['text'] for i in said if i['type'] == 'message']
-        if [(c['call_id'], c['name'], c['arguments']) for c in canon.calls(steps)] != sent or \
-                (texts and ''.join(texts) != text):
-            return None         # not that answer as it was made: the client's own items are sent
-        return {'type': 'message', 'role': 'assistant', 'text': text,
-                'opaque': {'tag': stored['tag'], 'items': steps}}
+    def answers(self, groups: list[list[dict]]) -> list[dict | None]:
+        """The stored answer each group (one answer's gateway items) is, or None; in one round trip."""
+        sent = [_calls(group) for group in groups]
+        asked = [i for i, calls in enumerate(sent) if calls]
+        if not self.keeps or not asked:
+            return [None] * len(groups)
+        # One hash slot per tenant ({tenant digest}): a single MGET, in a Redis Cluster too.
+        raws = Ledger._run(self.client.mget, [call_key(self.tenant, sent[i][0][0]) for i in asked])
+        found: list[dict | None] = [None] * len(groups)
+        for i, raw in zip(asked, raws):
+            found[i] = _match(groups[i], sent[i], json.loads(raw)) if raw else None
+        return found
+
+
+def _calls(said: list[dict]) -> list[tuple]:
+    return [(i['call_id'], i['name'], i['arguments']) for i in said if i['type'] in CALL_TYPES]
+
+
+def _match(said: list[dict], sent: list[tuple], stored: dict) -> dict | None:
+    """The stored answer, if ``said`` is its calls and text as they were made; else None (theirs are sent)."""
+    steps = stored['steps']
+    text = ''.join(s['text'] for s in steps if s['kind'] in (canon.TEXT, canon.REFUSAL))
+    texts = [i['text'] for i in said if i['type'] == 'message']
+    made = [(c['call_id'], c['name'], c['arguments']) for c in canon.calls(steps)]
+    if made != sent or (texts and ''.join(texts) != text):
+        return None
+    return {'type': 'message', 'role': 'assistant', 'text': text, 'opaque': {'tag': stored['tag'], 'items': steps}}
 
 
 def of(gw: Any, key: Any) -> Registry:
@@ -99,19 +109,13 @@ def remember_answer(gw: Any, call: Any, answer: dict) -> None:
 
 def restore(gw: Any, key: Any, items: list[dict]) -> list[dict]:
     """Chat ``items`` with each assistant message's calls (and its text) replaced by the stored answer, if any."""
-    registry = of(gw, key)
-    out: list[dict] = []
-    index = 0
-    while index < len(items):
-        group = items[index].get('message')
-        if group is None:
-            out.append(items[index])
-            index += 1
-            continue
-        end = index
-        while end < len(items) and items[end].get('message') == group:
-            end += 1
-        found = registry.answer(items[index:end])
-        out += [found] if found else items[index:end]
-        index = end
-    return out
+    groups: list[list[dict]] = []
+    for item in items:
+        group = item.get('message')
+        if group is not None and groups and groups[-1][0].get('message') == group:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    said = [i for i, group in enumerate(groups) if group[0].get('message') is not None]
+    found = dict(zip(said, of(gw, key).answers([groups[i] for i in said])))
+    return [entry for i, group in enumerate(groups) for entry in ([found[i]] if found.get(i) else group)]

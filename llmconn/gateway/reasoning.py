@@ -169,30 +169,50 @@ def has_sealed(items: list[dict]) -> bool:
 def restore(items: list[dict], opener: Sealer | None, registry: Any = None) -> list[dict]:
     """``items`` with each response's sealed reasoning made its answer again, and bare reasoning items left out.
 
-    A response's items without a sealed reasoning item are looked up in ``registry``
-    (:class:`llmconn.gateway.call_registry.Registry`) by the calls the gateway issued, when one is given.
+    The runs without a sealed reasoning item are looked up in ``registry``
+    (:class:`llmconn.gateway.call_registry.Registry`) by the calls the gateway issued, all in one
+    round trip, when one is given.
     """
+    runs = _runs(items)
+    bare = [i for i, run in enumerate(runs) if run['assistant'] and not _sealed(run['items'])]
+    found = registry.answers([_theirs(runs[i]['items']) for i in bare]) if registry is not None and bare else []
+    registered = {i: answer for i, answer in zip(bare, found) if answer}
     out: list[dict] = []
-    run: list[dict] = []
-    for item in items + [{'type': 'end'}]:
-        if item['type'] in _ASSISTANT_SIDE or (item['type'] == 'message' and item['role'] == 'assistant'):
-            run.append(item)
-            continue
-        out += _answer(run, opener, registry)
-        run = []
-        if item['type'] != 'end':
-            out.append(item)
+    for index, run in enumerate(runs):
+        if index in registered:
+            out.append(registered[index])
+        elif run['assistant']:
+            out += _answer(run['items'], opener)
+        else:
+            out += run['items']
     return out
 
 
-def _answer(run: list[dict], opener: Sealer | None, registry: Any) -> list[dict]:
-    """One response's items as the client sent them: its sealed (or registered) answer if they are that
-    answer's, else theirs."""
-    sealed = [i for i in run if i['type'] == 'reasoning' and i.get('encrypted_content') is not None]
-    theirs = [i for i in run if i['type'] != 'reasoning']
+def _runs(items: list[dict]) -> list[dict]:
+    """``items`` cut into runs of one response's assistant-side items, and the other items one by one."""
+    runs: list[dict] = []
+    for item in items:
+        assistant = item['type'] in _ASSISTANT_SIDE or (item['type'] == 'message' and item['role'] == 'assistant')
+        if assistant and runs and runs[-1]['assistant']:
+            runs[-1]['items'].append(item)
+        else:
+            runs.append({'assistant': assistant, 'items': [item]})
+    return runs
+
+
+def _sealed(run: list[dict]) -> list[dict]:
+    return [i for i in run if i['type'] == 'reasoning' and i.get('encrypted_content') is not None]
+
+
+def _theirs(run: list[dict]) -> list[dict]:
+    return [i for i in run if i['type'] != 'reasoning']
+
+
+def _answer(run: list[dict], opener: Sealer | None) -> list[dict]:
+    """One response's items as the client sent them: its sealed answer if they are that answer's, else theirs."""
+    sealed, theirs = _sealed(run), _theirs(run)
     if not sealed:
-        found = registry.answer(theirs) if registry is not None and theirs else None
-        return [found] if found else theirs
+        return theirs
     if len(sealed) > 1:
         raise GatewayError(f'{sealed[1]["where"]}: a second reasoning item with encrypted_content in one '
                            f'response\'s items; send the items of each response as it returned them',
