@@ -16,7 +16,7 @@ BENCH_STAMP := $(BENCH_VENV)/.bench-stamp
 # `make test TEST_WORKERS=0` runs the suite in one process (pytest-xdist off); auto is one per core.
 TEST_WORKERS ?= auto
 
-.PHONY: run test bench bench-gateway bench-litellm check clean
+.PHONY: run test bench bench-cost bench-gateway bench-litellm check clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,12 +46,16 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) bench/bench.py $(BENCH_ARGS)
 	$(PY) bench/usage_bench.py $(BENCH_ARGS)
 	$(PY) bench/bench_metrics.py $(BENCH_ARGS)
+	$(PY) bench/bench_cost.py $(BENCH_ARGS)
 	$(PY) bench/bench_gateway.py $(BENCH_ARGS)
 	$(PY) bench/bench_litellm.py --litellm $(BENCH_VENV)/bin/litellm $(BENCH_ARGS)
 
 bench-litellm: $(STAMP) $(BENCH_STAMP)
 	$(WRK_INSTALLED)
 	$(PY) bench/bench_litellm.py --litellm $(BENCH_VENV)/bin/litellm $(BENCH_ARGS)
+
+bench-cost: $(STAMP)
+	$(PY) bench/bench_cost.py $(BENCH_ARGS)
 
 bench-gateway: $(STAMP)
 	$(PY) bench/bench_gateway.py $(BENCH_ARGS)
