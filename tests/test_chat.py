@@ -145,7 +145,7 @@ def test_lock_wait_exceeded_is_chat_busy(make):
         started = time.monotonic()
         with pytest.raises(ChatBusy):
             conn.chat('waits', chat_id='busy')
-        assert 0.25 < time.monotonic() - started < 2
+        assert time.monotonic() - started > 0.25        # it waited its lock_wait first
     finally:
         held.release()
     assert 'users: 1' in conn.chat('now free', chat_id='busy')['text']

@@ -20,6 +20,7 @@ import requests
 from llmconn.demo import start_server, stop
 from llmconn.server import listen
 from llmconn.testing.fake_server import FakeProviderServer
+from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = 'sk-test-secret-must-never-leak'
@@ -280,11 +281,11 @@ def test_provider_failure_is_502_without_the_secret(host, fake):
 def test_busy_chat_is_429_with_retry_after(host, fake):
     who = user()
     fake.hang(1.5)
-    first = {}
+    first, before = {}, len(fake.requests)
     thread = threading.Thread(target=lambda: first.update(
         r=requests.post(f'{host.url}/demo.llm.support-chat', json={'user_id': who, 'text': 'slow'}, timeout=10)))
     thread.start()
-    time.sleep(0.4)
+    wait_until(lambda: len(fake.requests) > before, 'the first call reached the provider (holding the chat)')
     response = host.post('demo.llm.support-chat', {'user_id': who, 'text': 'impatient'})
     thread.join()
     assert_safe_error(response, 429)
@@ -345,11 +346,11 @@ def test_store_down_is_503_for_chat_while_one_shot_calls_work(tmp_path, fake):
 def test_sigterm_lets_the_in_flight_request_finish(tmp_path, fake):
     h = Host(tmp_path, fake.url)
     fake.hang(1.0)
-    result = {}
+    result, before = {}, len(fake.requests)
     thread = threading.Thread(target=lambda: result.update(
         r=requests.post(f'{h.url}/demo.llm.ask', json={'text': 'slow one'}, timeout=10)))
     thread.start()
-    time.sleep(0.4)
+    wait_until(lambda: len(fake.requests) > before, 'the request reached the provider (in flight)')
     h.proc.send_signal(signal.SIGTERM)
     thread.join()
     assert result['r'].status_code == 200 and 'slow one' in result['r'].json()['reply']
@@ -513,11 +514,9 @@ def test_sse_client_disconnect_saves_nothing_and_frees_the_chat(gated):
     response.close()                            # the client leaves mid-answer
     stub.gate.set()
     assert stub.finished.wait(5)
-    time.sleep(0.3)                             # the host notices on its next write
-    started = time.monotonic()
+    # Sent at once: it waits in line until the host notices the client left (on its next write).
     follow_up = h.post('demo.llm.support-chat', {'user_id': who, 'text': 'are you there?'})
-    assert follow_up.status_code == 200, follow_up.text     # not 429: the lock was released
-    assert time.monotonic() - started < 0.3
+    assert follow_up.status_code == 200, follow_up.text     # not 429 after lock_wait: the lock was released
     assert follow_up.json()['reply'] == 'users: 1'          # the broken turn was not saved
     assert GatedClaude.users(stub.bodies[-1]) == 1
 

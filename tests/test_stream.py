@@ -22,6 +22,7 @@ from llmconn.sse import EventStream
 from llmconn import InvalidInput, LLMError
 from llmconn.providers.base import STREAM, SYSTEM
 from llmconn.store.keys import chat_keys
+from waiting import wait_until
 
 PROVIDERS = ('claude', 'openai', 'gemini', 'openai-responses')
 
@@ -292,9 +293,11 @@ def test_a_slow_provider_keeps_the_chat_locked_and_the_first_stream_still_saves(
     def streamed():
         results['first'] = drain(conn.stream('first', chat_id='lat'))[1]
 
+    before = len(provider.requests)
     first = threading.Thread(target=streamed)
     first.start()
-    time.sleep(0.2)                             # the first call holds the lock and waits for the provider
+    # At the provider, the first call holds the chat's lock (taken before its request) for its latency.
+    wait_until(lambda: len(provider.requests) > before, 'the first call reached the provider')
     results['second'] = conn.chat('second', chat_id='lat')
     first.join(5)
     assert 'users: 1' in results['first']['text']
