@@ -9,7 +9,8 @@ Gemini ``functionCall`` without its ``thoughtSignature``, a Responses
 ``function_call`` without its reasoning item. Beyond that, every tool turn
 of the conversation, the earlier ones included, must reach the backend with
 its provider items (:func:`check_provider_items`). Every Response body and
-stream event the gateway sent is validated with ``openresponses-types``.
+stream the gateway sent is validated with ``openresponses-types`` and the
+SDK's types (:mod:`conformance_checks`).
 
 Tracing is off: the SDK would export spans to api.openai.com.
 """
@@ -26,7 +27,7 @@ from openai.types.shared import Reasoning
 
 from gateway_stack import KEYS, GatewayStack
 from llmconn.gateway.call_registry import call_key
-from open_responses import check_event, check_response
+from conformance_checks import check_response, check_stream
 
 set_tracing_disabled(True)
 
@@ -46,6 +47,12 @@ def get_order(order_id: str) -> str:
     return f'order {order_id} shipped'
 
 
+@function_tool
+def find_order(customer: str) -> str:
+    """Find a customer's order; the fake model then looks it up (a second round of the same turn)."""
+    return 'call get_order {"order_id": "C-3"}'
+
+
 class Bodies:
     """What the gateway answered on /v1/responses, each body and event checked as it arrives."""
 
@@ -58,11 +65,13 @@ class Bodies:
             return
         await response.aread()
         if response.headers['content-type'].startswith('text/event-stream'):
-            for line in response.text.splitlines():
-                if line.startswith('data: '):
-                    self.events.append(check_event(json.loads(line[len('data: '):])))
+            events = [json.loads(line[len('data: '):]) for line in response.text.splitlines()
+                      if line.startswith('data: ')]
+            check_stream(events)
+            self.events += events
         else:
-            self.responses.append(check_response(response.json()))
+            check_response(response.json())
+            self.responses.append(response.json())
 
 
 @pytest.fixture(scope='module')
@@ -86,13 +95,13 @@ def client(gw, bodies):
     return make
 
 
-def agent(client, backend: str, chat: bool = False) -> Agent:
+def agent(client, backend: str, chat: bool = False, tools: tuple = (get_order,)) -> Agent:
     client = client()
     kind = OpenAIChatCompletionsModel if chat else OpenAIResponsesModel
     # A Responses backend reasons when asked to; Claude's and Gemini's thinking is their connection's.
     settings = ModelSettings(reasoning=Reasoning(effort='low', summary='auto')) \
         if backend.startswith('Responses') and not chat else ModelSettings()
-    return Agent(name='orders', instructions='Answer from the tools.', tools=[get_order],
+    return Agent(name='orders', instructions='Answer from the tools.', tools=list(tools),
                  model=kind(model=backend, openai_client=client), model_settings=settings)
 
 
@@ -151,6 +160,18 @@ def test_a_second_tool_turn_replays_the_first_with_its_provider_items(gw, client
     assert second.final_output == 'tool said: order B-2 shipped'
     assert gw.fake.violations == []
     check_provider_items(gw, backend, 2, reasoned=False)
+
+
+@pytest.mark.parametrize('chat', [False, True], ids=['responses', 'chat'])
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_every_round_of_a_turn_keeps_its_provider_items(gw, client, backend, chat):
+    """One user turn, two rounds of calls: the second round's request carries the first round's items."""
+    gw.fake.clear()
+    result = run(Runner.run(agent(client, backend, chat, tools=(find_order, get_order)),
+                            'call find_order {"customer": "ada"}'))
+    assert result.final_output == 'tool said: order C-3 shipped'
+    assert gw.fake.violations == []
+    check_provider_items(gw, backend, 2, reasoned=not chat)
 
 
 @pytest.mark.parametrize('backend', BACKENDS)
