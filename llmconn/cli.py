@@ -14,14 +14,13 @@ own function to that list.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 from typing import Callable
 
 from llmconn import __version__
-from llmconn.cli_admin import add_admin_commands, check_connect
+from llmconn.cli_admin import add_admin_commands, as_json, check_connect, shown
 from llmconn.errors import LLMConnError
 from llmconn.redact import mask_url
 
@@ -38,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()          # here, where a closed pipe is caught, not at exit
         return code
     except LLMConnError as e:
-        print(f'error: {e}', file=sys.stderr)
+        print(shown(f'error: {e}', sys.stderr, one_line=True), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -143,7 +142,7 @@ def _call(args, call) -> int:
         result = call(registry[args.name])
     finally:
         registry.close()
-    print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else result['text'])
+    print(as_json(result) if args.json else shown(result['text'], sys.stdout))
     return 0
 
 

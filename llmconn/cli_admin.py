@@ -23,9 +23,17 @@ from typing import Any, Callable, TextIO
 from llmconn.errors import ChatBusy, LLMConnError, StoreError
 
 DEFAULT_CONFIG = 'etc/llm.yaml'
-# Control characters but newline and tab: chat text shown on a terminal must not drive it.
+# Control characters but newline and tab: chat text shown on a terminal must not drive it (ESC
+# sequences, OSC titles, 8-bit CSI), nor be disguised by the marks that reorder text (bidi).
 _CONTROL = {c: f'\\x{c:02x}' for c in (*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f)}
 _CONTROL.update({c: f'\\x{c:02x}' for c in range(0x80, 0xa0)})
+_BIDI = (0x061c, 0x200e, 0x200f, *range(0x202a, 0x202f), *range(0x2066, 0x206a))
+_CONTROL.update({c: f'\\u{c:04x}' for c in _BIDI})
+# A value that must stay on one line (a chat id in a listing, an error): newline and tab too.
+_CONTROL_ONE_LINE = {**_CONTROL, 0x09: '\\t', 0x0a: '\\n'}
+# JSON escapes what json.dumps(ensure_ascii=False) leaves raw: DEL, C1 controls, bidi marks, and lone
+# surrogates (which no UTF-8 stdout can write). The JSON means the same; a terminal shows it inert.
+_JSON_ESCAPES = {c: f'\\u{c:04x}' for c in (0x7f, *range(0x80, 0xa0), *_BIDI, *range(0xd800, 0xe000))}
 PROMPT = 'you> '
 SCAN_COUNT = 1000
 QUIT_COMMANDS = ('/quit', '/exit')
@@ -95,7 +103,7 @@ def cmd_usage(args) -> int:
     if not registry.store.shared:
         print(f'note: the store is {registry.store.url_for_display} (one process only), so it holds no usage '
               f'of other processes', file=sys.stderr)
-    print(json.dumps(rows, indent=2, ensure_ascii=False) if args.json else format_table(rows))
+    print(as_json(rows) if args.json else shown(format_table(rows), sys.stdout))
     return 0
 
 
@@ -107,7 +115,7 @@ def cmd_history(args) -> int:
     finally:
         registry.close()
     if args.json:
-        print(json.dumps(messages, indent=2, ensure_ascii=False))
+        print(as_json(messages))
     elif not messages:
         print(f'no stored turns for chat {args.chat_id!r} of {args.name!r}', file=sys.stderr)
     else:
@@ -140,7 +148,7 @@ def cmd_chats(args) -> int:
         ids = list_chats(registry.store, args.name, args.match)
     finally:
         registry.close()
-    print(json.dumps(ids, ensure_ascii=False) if args.json else '\n'.join(shown(i, sys.stdout) for i in ids))
+    print(as_json(ids, indent=None) if args.json else '\n'.join(shown(i, sys.stdout, one_line=True) for i in ids))
     return 0
 
 
@@ -178,7 +186,7 @@ def check_connect(path: str) -> int:
             print(f'  store {registry.store.url_for_display}: OK')
         except StoreError as e:
             failed += 1
-            print(f'  store: FAILED: {e}')
+            print(shown(f'  store: FAILED: {e}', sys.stdout, one_line=True))
         for name in registry:
             conn = registry[name]
             if not conn.conf.is_active:
@@ -189,7 +197,7 @@ def check_connect(path: str) -> int:
                 print(f'  {name}: OK')
             except LLMConnError as e:
                 failed += 1
-                print(f'  {name}: FAILED: {e}')
+                print(shown(f'  {name}: FAILED: {e}', sys.stdout, one_line=True))
     finally:
         registry.close()
     if failed:
@@ -206,7 +214,7 @@ def cmd_chat(args) -> int:
         chat_id = args.chat_id or f'cli-{os.urandom(4).hex()}'
         if args.text is not None:
             result = conn.chat(args.text, chat_id=chat_id, skill=args.skill)
-            print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else shown(result['text'], sys.stdout))
+            print(as_json(result) if args.json else shown(result['text'], sys.stdout))
             if not args.chat_id:
                 print(f'chat id: {chat_id} (continue with --chat-id {chat_id})', file=sys.stderr)
             return 0
@@ -227,11 +235,12 @@ class Conversation:
     def run(self) -> int:
         if self.interactive:
             _enable_line_editing()
-            print(f'Chatting with {self.conn.name} ({self.conn.conf.model}), chat id {self.chat_id}.\n'
+            print(f'Chatting with {self.conn.name} ({self.conn.conf.model}), chat id '
+                  f'{shown(self.chat_id, self.stdout, one_line=True)}.\n'
                   f'Type a message and press Enter. /history shows the chat, /quit or Ctrl-D leaves.',
                   file=self.stdout, flush=True)
         else:
-            print(f'chat id: {self.chat_id}', file=self.stderr, flush=True)
+            print(f'chat id: {shown(self.chat_id, self.stderr, one_line=True)}', file=self.stderr, flush=True)
         while True:
             line = self._read()
             if line is None:
@@ -265,13 +274,13 @@ class Conversation:
             if self.interactive and STREAM in self.conn.provider.capabilities:
                 self._streamed(text)
             else:
-                print(self.conn.chat(text, chat_id=self.chat_id, skill=self.skill)['text'], file=self.stdout,
-                      flush=True)
+                print(shown(self.conn.chat(text, chat_id=self.chat_id, skill=self.skill)['text'], self.stdout),
+                      file=self.stdout, flush=True)
         except KeyboardInterrupt:
             print('\n(interrupted: this answer was not saved)', file=self.stdout, flush=True)
         except (ChatBusy, LLMConnError) as e:
             self.failed = True
-            print(f'error: {e}', file=self.stderr, flush=True)
+            print(shown(f'error: {e}', self.stderr, one_line=True), file=self.stderr, flush=True)
 
     def _streamed(self, text: str) -> None:
         out = self.stdout
@@ -288,9 +297,21 @@ class Conversation:
             out.flush()
 
 
-def shown(text: str, stream: TextIO) -> str:
-    """``text`` for a human: on a terminal its control characters (ESC...) are written out as ``\\xNN``."""
-    return text.translate(_CONTROL) if _isatty(stream) else text
+def shown(text: str, stream: TextIO, one_line: bool = False) -> str:
+    """``text`` for a human: on a terminal its control characters (ESC...) are written out as ``\\xNN``,
+    and with ``one_line`` its line breaks too (a chat id with a newline must not pass for two).
+
+    Piped, the text goes as it is (a script reads exactly what was stored); ``--json`` is the way
+    to read any text exactly on a terminal.
+    """
+    if not _isatty(stream):
+        return text
+    return text.translate(_CONTROL_ONE_LINE if one_line else _CONTROL)
+
+
+def as_json(value: Any, indent: int | None = 2) -> str:
+    """``value`` as JSON for stdout: readable non-ASCII text, but nothing a terminal would act on."""
+    return json.dumps(value, indent=indent, ensure_ascii=False).translate(_JSON_ESCAPES)
 
 
 def _isatty(stream: TextIO) -> bool:
