@@ -45,6 +45,7 @@ DEFAULT_REPLICA_TIMEOUT = 1.0   # seconds a save waits for redis.replicas acknow
 # deadline and lock-renewer threads (killing them: OverflowError) and Redis's expiry times.
 MAX_SECONDS = 315_360_000
 MAX_COUNT = 2 ** 31 - 1         # turns, tokens, pool sizes; far more overflows Redis's list indices
+MAX_PRICE = 1_000_000           # USD per million tokens; far more overflows a day's micro-USD counter
 
 # Keys only provider: template reads; elsewhere they are refused rather than ignored.
 TEMPLATE_KEYS = ('request_template', 'response_template', 'request_template_file', 'response_template_file',
@@ -71,6 +72,23 @@ class ThinkingConfig(_Frozen):
 
     def wire(self) -> dict:
         return self.model_dump(exclude_none=True)
+
+
+class Pricing(_Frozen):
+    """A connection's prices in USD per million tokens; the cache prices default to ``input``'s."""
+
+    input: float = Field(ge=0, le=MAX_PRICE)
+    output: float = Field(ge=0, le=MAX_PRICE)
+    cache_read: float | None = Field(None, ge=0, le=MAX_PRICE)
+    cache_write: float | None = Field(None, ge=0, le=MAX_PRICE)
+
+    @property
+    def read_price(self) -> float:
+        return self.input if self.cache_read is None else self.cache_read
+
+    @property
+    def write_price(self) -> float:
+        return self.input if self.cache_write is None else self.cache_write
 
 
 class ConnectionConfig(_Frozen):
@@ -112,6 +130,7 @@ class ConnectionConfig(_Frozen):
     cache: Literal['auto', 'off'] = 'auto'
     cache_ttl: Literal['5m', '1h'] = '5m'
     window_step: int = Field(1, ge=1, le=MAX_COUNT)
+    pricing: Pricing | None = None      # counted as ``cost`` (micro-USD) in the usage ledger
 
     @model_validator(mode='before')
     @classmethod

@@ -232,7 +232,8 @@ class Connection:
         base = Request(pending.user if pending else spec.text, call.system, (), spec.params, spec.stream,
                        tools=call.tools, hosted=call.hosted, chain=spec.chain, tag=self.provider.tag,
                        stateless=spec.stateless, cache_key=chat_cache_key(self.name, spec.chat_id))
-        loop = TurnLoop(pending, spec.outputs, self.provider.tag, given=spec.items, given_tag=spec.tag)
+        loop = TurnLoop(pending, spec.outputs, self.provider.tag, given=spec.items, given_tag=spec.tag,
+                        pricing=self.conf.pricing)
         while True:
             if loop.rounds >= self.conf.max_tool_rounds:
                 raise ToolLoopLimit(f'{self.name}: the model still asked for tools after {loop.rounds} provider '

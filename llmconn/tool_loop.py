@@ -15,6 +15,7 @@ from typing import Any
 from llmconn import items as mod_items
 from llmconn.checks import check_tool_outputs
 from llmconn.errors import InvalidInput
+from llmconn.pricing import cost_micro_usd
 from llmconn.types import Reply, Turn, add_usage
 
 
@@ -22,7 +23,7 @@ class TurnLoop:
     """The turn being built: its items, usage and rounds so far."""
 
     def __init__(self, pending: Turn | None, outputs: dict | None, tag: str, given: tuple = (),
-                 given_tag: str = '') -> None:
+                 given_tag: str = '', pricing: Any = None) -> None:
         # ``given``: a turn in progress the caller keeps (the gateway's calls and outputs), natives
         # kept only for the provider, model and mode that made them; it is not this call's to count.
         self.items: list[dict] = list(given) if given_tag == tag else mod_items.plain(list(given))
@@ -30,6 +31,7 @@ class TurnLoop:
         self.last: Reply | None = None
         self.rounds = 0
         self.usage: dict = {}
+        self.pricing = pricing          # the connection's prices: the usage then says what it cost
         self.waiting = False
         self.state: dict = {}
         if pending is not None:
@@ -62,6 +64,8 @@ class TurnLoop:
         result = self.last.as_result()
         result['text'] = self.text
         result['usage'] = add_usage({}, self.usage)
+        if self.pricing is not None:
+            result['usage']['cost'] = cost_micro_usd(self.pricing, result['usage'])
         result['rounds'] = self.rounds
         calls = mod_items.tool_calls(self.items[self.given:])
         if calls:

@@ -1,0 +1,39 @@
+"""Prices and cost (SPEC §17): ``pricing`` per connection, cost in integer micro-USD."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmconn.config import Pricing, load_dict
+from llmconn.errors import ConfigError
+from llmconn.pricing import cost_micro_usd
+
+CLAUDE_SONNET = {'input': 3, 'output': 15, 'cache_read': 0.3, 'cache_write': 3.75}
+
+
+def test_cost_prices_each_part_of_the_input_and_the_output():
+    usage = {'input_tokens': 12_000, 'cache_read_tokens': 10_000, 'cache_write_tokens': 1_500, 'output_tokens': 400}
+    # 500 uncached x 3 + 1,500 written x 3.75 + 10,000 read x 0.3 + 400 out x 15, in micro-USD
+    assert cost_micro_usd(Pricing(**CLAUDE_SONNET), usage) == 1500 + 5625 + 3000 + 6000
+    assert cost_micro_usd(None, usage) == 0
+
+
+def test_cache_prices_default_to_the_input_price():
+    usage = {'input_tokens': 100, 'cache_read_tokens': 60, 'cache_write_tokens': 40, 'output_tokens': 10}
+    assert cost_micro_usd(Pricing(input=2, output=8), usage) == 200 + 80
+
+
+@pytest.mark.parametrize('pricing', [{'input': -1, 'output': 1}, {'input': 1}, {'input': 1, 'output': 1, 'x': 2}])
+def test_bad_pricing_fails_at_load_naming_the_field(pricing):
+    with pytest.raises(ConfigError, match='pricing'):
+        load_dict({'llm': [{'name': 'c', 'model': 'claude-sonnet-5-5', 'pricing': pricing}]})
+
+
+def test_a_priced_chat_reports_its_cost_with_its_usage(redis_url, provider, unique, open_registry):
+    conf = {'name': unique, 'model': 'claude-sonnet-5-5', 'address': provider.url, 'max_retries': 0,
+            'pricing': CLAUDE_SONNET}
+    conn = open_registry({'redis': {'url': redis_url}, 'llm': [conf]})[unique]
+    usage = conn.chat('what does this cost?', chat_id='c')['usage']
+    assert usage['cost'] == usage['input_tokens'] * 3 + usage['output_tokens'] * 15
+    unpriced = open_registry({'redis': {'url': redis_url}, 'llm': [dict(conf, pricing=None)]})[unique]
+    assert 'cost' not in unpriced.invoke('and this?')['usage']
