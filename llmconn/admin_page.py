@@ -152,17 +152,28 @@ def usage_chart(series: dict[str, dict[str, dict]], days: list[str]) -> str:
     return ''.join(parts)
 
 
+# The usage table's counters and their column titles; the cache and reasoning counts are parts of
+# the input and output counts beside them.
+TABLE_COUNTERS = (('calls', 'Calls'), ('errors', 'Errors'), ('input_tokens', 'Input'),
+                  ('cache_read_tokens', 'Cache read'), ('cache_write_tokens', 'Cache write'),
+                  ('output_tokens', 'Output'), ('reasoning_tokens', 'Reasoning'), ('tool_calls', 'Tool calls'))
+
+
+def usd(micro: int) -> str:
+    """Micro-USD as dollars, every digit kept (the ledger's cost is exact)."""
+    return f'{micro / 1_000_000:.6f}'
+
+
 def usage_table(rows: list[dict]) -> str:
     """One row per day, connection, model and gateway key; the Key column only when a row has a key."""
     keyed = any(r['key'] for r in rows)
     head = '<tr><th>Day</th><th>Connection</th><th>Model</th>' + ('<th>Key</th>' if keyed else '') + \
-           '<th>Calls</th><th>Errors</th><th>Input</th><th>Output</th><th>Tool calls</th></tr>'
+           ''.join(f'<th>{title}</th>' for _, title in TABLE_COUNTERS) + '<th>Cost (USD)</th></tr>'
     body = ''.join(
         f'<tr><td>{r["day"]}</td><td>{escape(r["connection"])}</td><td>{escape(r["model"])}</td>'
         + (f'<td>{escape(r["key"])}</td>' if keyed else '')
-        + ''.join(f'<td class="n">{r[c]}</td>' for c in ('calls', 'errors', 'input_tokens', 'output_tokens',
-                                                          'tool_calls'))
-        + '</tr>' for r in reversed(rows))
+        + ''.join(f'<td class="n">{r.get(c, 0)}</td>' for c, _ in TABLE_COUNTERS)
+        + f'<td class="n">{usd(r.get("cost", 0))}</td></tr>' for r in reversed(rows))
     return f'<table id="usage-table">{head}{body}</table>'
 
 

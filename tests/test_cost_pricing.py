@@ -37,3 +37,14 @@ def test_a_priced_chat_reports_its_cost_with_its_usage(redis_url, provider, uniq
     assert usage['cost'] == usage['input_tokens'] * 3 + usage['output_tokens'] * 15
     unpriced = open_registry({'redis': {'url': redis_url}, 'llm': [dict(conf, pricing=None)]})[unique]
     assert 'cost' not in unpriced.invoke('and this?')['usage']
+
+
+def test_the_admin_usage_table_shows_cache_reasoning_and_cost():
+    from llmconn.admin_page import usage_table
+    row = {'day': '2026-12-01', 'connection': 'Support', 'model': 'm', 'key': '', 'calls': 2, 'errors': 0,
+           'input_tokens': 5000, 'cache_read_tokens': 4000, 'cache_write_tokens': 600, 'output_tokens': 90,
+           'reasoning_tokens': 30, 'tool_calls': 0, 'cost': 1_234_567}
+    table = usage_table([row])
+    assert '<th>Cache read</th><th>Cache write</th><th>Output</th><th>Reasoning</th>' in table
+    cells = [c.split('>')[1] for c in table.split('<td class="n"')[1:]]
+    assert [c.split('<')[0] for c in cells] == ['2', '0', '5000', '4000', '600', '90', '30', '0', '1.234567']
