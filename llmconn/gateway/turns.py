@@ -8,6 +8,11 @@ or with the outputs of the last assistant's calls (the turn goes on: the
 backend is sent its own calls back with their outputs, as native tool
 results).
 
+A turn's natives all belong to one tag: the client's own items (its text
+after a turn's outputs, calls it made up) carry none and join a turn of any
+tag, so every earlier tool turn keeps the provider items it was made with;
+natives of two tags in one turn cannot both be sent, and the turn goes plain.
+
 Strict joins, before any network call: an output must answer a call of
 the assistant just before it (else a 400 naming its call id), and every
 call must be answered before the conversation goes on (else a 400 naming
@@ -83,10 +88,10 @@ def _assistant_steps(chat: list, steps: list, tag: str, policy: Policy, resoluti
     # tags cannot be sent together, and the turn goes plain.
     theirs, ours = _natives(steps), _natives(last['steps'])
     if theirs and ours and tag != last['tag']:
-        last['steps'], last['tag'] = canon.plain(last['steps']), ''
-        steps, theirs = canon.plain(steps), False
+        last['steps'], steps, last['tag'] = canon.plain(last['steps']), canon.plain(steps), ''
+    elif theirs or not ours:
+        last['tag'] = tag if theirs else last['tag'] or tag
     last['steps'] += steps
-    last['tag'] = tag if theirs else last['tag'] or tag
 
 
 def _natives(steps: list) -> bool:
