@@ -49,7 +49,8 @@ def start_fake_provider(port: int, host: str = '127.0.0.1', latency: float = 0.0
         ready, _, _ = select.select([proc.stdout], [], [], STARTUP_TIMEOUT)
         line = proc.stdout.readline() if ready else ''
         if not line.startswith(FAKE_READY_PREFIX):
-            proc.wait(STOP_TIMEOUT) if ready else None     # it said why on stderr, and exits
+            if ready:
+                proc.wait(STOP_TIMEOUT)     # it ended its output: it said why on stderr, and exits
             raise RuntimeError(f'the fake provider did not start on {host}:{port}'
                                + (f' (exit code {proc.returncode})' if proc.returncode is not None else ''))
     except BaseException:

@@ -69,7 +69,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help='text lines, or one JSON object per line (default text); see llmconn.logs')
     parser.add_argument('--metrics', default=True, action=argparse.BooleanOptionalAction,
                         help='count and serve Prometheus metrics at GET /metrics (default on); see llmconn.metrics')
-    # Internal: set on the workers of --workers N, the descriptor of the socket their supervisor bound.
+    # Internal: the descriptor of a socket already bound, set on the workers of --workers N by their
+    # supervisor, and by the demo (python -m llmconn.demo), which binds its port before starting the server.
     parser.add_argument('--listen-fd', type=int, default=None, help=argparse.SUPPRESS)
 
 

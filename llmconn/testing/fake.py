@@ -43,12 +43,11 @@ DEFAULT_MAX_HISTORY_TURNS = 20
 def _check(text: Any, chat_id: Any, chat_id_required: bool = False, skill: Any = '',
            params: dict | None = None, reserved: frozenset[str] = frozenset(), outputs: Any = None) -> None:
     """The argument checks a real connection makes before any network call: the very same functions."""
+    check_chat_id(chat_id, chat_id_required or outputs is not None)
     if outputs is not None:
-        check_chat_id(chat_id, True)
         check_outputs(text, outputs)
     elif text is not None:
         check_text(text)
-    check_chat_id(chat_id, chat_id_required)
     if skill:
         check_skill(skill)
     check_params(params or {}, reserved)
