@@ -32,8 +32,9 @@ $(BENCH_STAMP): setup.cfg pyproject.toml
 run: $(STAMP)
 	$(PY) -m llmconn.demo --host $(HOST) --port $(PORT) --provider-port $(PROVIDER_PORT)
 
-# Tests run in parallel (pytest-xdist); those that must not share the machine's cores with
-# others carry @pytest.mark.xdist_group and run one after another on one worker (loadgroup).
+# Tests run in parallel (pytest-xdist), each worker with its own throwaway Redis and ports; tests
+# that must not run at the same time as each other (one shared resource) would carry the same
+# @pytest.mark.xdist_group and so run one after another on one worker (--dist loadgroup).
 # The slowest are listed at the end, to keep the suite fast.
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
