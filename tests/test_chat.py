@@ -22,6 +22,7 @@ import redis
 from llmconn import ChatBusy, LLMError, LockLost, Registry, StoreError
 from llmconn.store.keys import chat_keys
 from llmconn.testing.fake_server import FakeProviderServer
+from waiting import wait_until
 
 WORKER = str(Path(__file__).with_name('chat_worker.py'))
 
@@ -155,10 +156,11 @@ def test_a_lock_that_expired_mid_call_does_not_save(make, provider, redis_client
     conn = make(lock_ttl=5)
     conn.chat('base', chat_id='lost')
     provider.latency = 0.5
+    before = len(provider.requests)
     try:
         def steal():
-            time.sleep(0.2)
-            # As if the lock had expired while the provider was still answering.
+            wait_until(lambda: len(provider.requests) > before, 'the call reached the provider')
+            # As if the lock had expired while the provider was still answering (for its latency).
             redis_client.delete(chat_keys(conn.name, 'lost').lock)
         thief = threading.Thread(target=steal)
         thief.start()
