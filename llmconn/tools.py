@@ -17,6 +17,7 @@ never an error of the call (:func:`run`).
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import json
 import re
@@ -215,23 +216,39 @@ def _check_refs(name: str, schema: Any) -> None:
             stack.extend(value)
 
 
-@functools.lru_cache(maxsize=1024)
 def _check_schema_text(name: str, text: str) -> None:
-    """The checks of one serialized schema; a schema that passed is not checked again."""
+    """The checks of one serialized schema; a schema that passed (or failed) is not checked again."""
+    digest = hashlib.sha256(text.encode('utf-8', 'surrogatepass')).digest()
+    problem = _schema_problems.get(digest)
+    if problem is None:
+        problem = _schema_problem(text)
+        if len(_schema_problems) >= MAX_CHECKED_SCHEMAS:
+            _schema_problems.pop(next(iter(_schema_problems)), None)      # the oldest goes first
+        _schema_problems[digest] = problem
+    if problem:
+        raise InvalidInput(f'tool "{name}": {problem}')
+
+
+# What was found wrong with each schema checked ('' for nothing), by the digest of its text: jsonschema's
+# check_schema costs about 10 µs per byte (0.4 s for 40 KB), so a schema is checked once per process,
+# whatever tool name or request carries it. Digests keep the cache small however large the schemas.
+MAX_CHECKED_SCHEMAS = 4096
+_schema_problems: dict[bytes, str] = {}
+
+
+def _schema_problem(text: str) -> str:
     schema = json.loads(text)
-    size = len(text.encode('utf-8'))
+    size = len(text.encode('utf-8', 'surrogatepass'))
     if size > MAX_SCHEMA_BYTES:
-        raise InvalidInput(f'tool "{name}": parameters is {size} bytes serialized, more than the limit of '
-                           f'{MAX_SCHEMA_BYTES}; simplify the schema')
+        return f'parameters is {size} bytes serialized, more than the limit of {MAX_SCHEMA_BYTES}; simplify the schema'
     depth = _depth(schema)
     if depth > MAX_SCHEMA_DEPTH:
-        raise InvalidInput(f'tool "{name}": parameters nests {depth} levels deep, more than the limit of '
-                           f'{MAX_SCHEMA_DEPTH}; flatten the schema')
+        return f'parameters nests {depth} levels deep, more than the limit of {MAX_SCHEMA_DEPTH}; flatten the schema'
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as e:
-        raise InvalidInput(f'tool "{name}": parameters is not a valid JSON Schema (draft 2020-12): '
-                           f'{e.message}') from None
+        return f'parameters is not a valid JSON Schema (draft 2020-12): {e.message}'
+    return ''
 
 
 def check_hosted(hosted: Iterable[dict], allowed: Iterable[dict]) -> tuple[dict, ...]:

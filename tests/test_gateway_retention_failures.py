@@ -6,7 +6,6 @@ never that message; the client still gets the message in its answer.
 """
 
 import json
-import time
 import uuid
 
 import openai
@@ -28,16 +27,21 @@ def quoting(marker: str) -> dict:
                                        'message': f'messages.0.content: cannot accept "{marker} the prompt"'}}
 
 
-def made_since(gw, tenant: str, since: float) -> list[dict]:
-    """The response records of ``tenant`` created since ``since``."""
-    records = [json.loads(gw.redis.get(k)) for k in gw.redis.scan_iter(match='llmconn:gw:resp:*')]
-    return [r for r in records if r['tenant'] == tenant and r['created_at'] >= since]
+def records(gw) -> set:
+    """The keys of the response records in the stack's Redis now."""
+    return set(gw.redis.scan_iter(match='llmconn:gw:resp:*'))
+
+
+def made_since(gw, tenant: str, since: set) -> list[dict]:
+    """The response records of ``tenant`` made since ``since`` (the keys there were then)."""
+    made = [json.loads(gw.redis.get(k)) for k in records(gw) - since]
+    return [r for r in made if r['tenant'] == tenant]
 
 
 @pytest.mark.parametrize('stream', [False, True], ids=['plain', 'streamed'])
 @pytest.mark.parametrize('key, store', [('zero', True), ('a', False)], ids=['zero-retention', 'store-false'])
 def test_a_failure_record_keeps_the_error_code_never_the_providers_message(gw, key, store, stream):
-    marker, since = f'PROMPT-{uuid.uuid4().hex}', time.time()
+    marker, since = f'PROMPT-{uuid.uuid4().hex}', records(gw)
     gw.fake.fail(400, body=quoting(marker))
     with pytest.raises(openai.BadRequestError) as refused:
         gw.client(key).responses.create(model='Claude', input=f'{marker} the prompt', store=store, stream=stream)
@@ -49,7 +53,7 @@ def test_a_failure_record_keeps_the_error_code_never_the_providers_message(gw, k
 
 
 def test_a_stored_failure_keeps_the_message_for_get(gw):
-    marker, since = f'PROMPT-{uuid.uuid4().hex}', time.time()
+    marker, since = f'PROMPT-{uuid.uuid4().hex}', records(gw)
     gw.fake.fail(400, body=quoting(marker))
     with pytest.raises(openai.BadRequestError):
         gw.client('a').responses.create(model='Claude', input=f'{marker} the prompt')

@@ -32,6 +32,7 @@ from typing import Any
 
 from llmconn import tools as mod_tools
 from llmconn.errors import GatewayError, InvalidInput
+from llmconn.gateway import offload
 from llmconn.gateway.echo import shown
 from llmconn.gateway.backend import kind
 from llmconn.gateway.items import CUSTOM_TYPES
@@ -42,6 +43,10 @@ CUSTOM_KIND = 'custom'
 CUSTOM_BACKEND = 'openai-responses'
 _CUSTOM_FIELDS = ('type', 'name', 'description', 'format')
 _GRAMMAR_SYNTAXES = ('lark', 'regex')
+# The work of checking a request's tool schemas grows with their size (about 10 µs per byte, uncached):
+# its budget, and the size past which the check leaves the hub (a few KB already cost tens of ms).
+MAX_TOOL_SCHEMA_BYTES = 256 * 1024
+OFF_HUB_SCHEMA_BYTES = 8 * 1024
 
 
 def definitions(key: Any, conn: Any, raw: Any, chat: bool = False) -> tuple[tuple, tuple]:
@@ -65,14 +70,33 @@ def definitions(key: Any, conn: Any, raw: Any, chat: bool = False) -> tuple[tupl
         else:
             raise GatewayError(f'{where}: this key may not use the hosted tool {shown(kind)}', param=f'{where}.type',
                                code='hosted_tool_not_allowed')
+    size = _schema_bytes(functions)
     try:
-        functions = mod_tools.prepare(functions)
+        # The schemas' check is the costly part of a request with large tools: off the hub past a few KB.
+        functions = offload.run(mod_tools.prepare, functions) if size > OFF_HUB_SCHEMA_BYTES else \
+            mod_tools.prepare(functions)
     except InvalidInput as e:
         raise GatewayError(str(e), param='tools') from None
     names = [t.name for t in functions] + [h['name'] for h in hosted if h.get('type') == CUSTOM_KIND]
     if len(set(names)) != len(names):
         raise GatewayError('tools: two tools have the same name; give each tool its own', param='tools')
     return functions, tuple(hosted)
+
+
+def _schema_bytes(functions: list) -> int:
+    """The serialized size of the function tools' schemas; a 400 once it passes the request's budget."""
+    size = 0
+    for tool in functions:
+        try:
+            size += len(json.dumps(tool.parameters, ensure_ascii=False))
+        except RecursionError:
+            raise GatewayError(f'tools: the parameters of {shown(tool.name)} nest too deeply; flatten the schema',
+                               param='tools') from None
+        if size > MAX_TOOL_SCHEMA_BYTES:
+            raise GatewayError(f'tools: the function schemas are more than {MAX_TOOL_SCHEMA_BYTES} bytes '
+                               f'serialized, the limit of one request; send fewer or smaller tools',
+                               param='tools', code='tools_too_large')
+    return size
 
 
 def _custom(conn: Any, tool: dict, where: str, chat: bool) -> dict:
