@@ -45,6 +45,9 @@ DEFAULT_REPLICA_TIMEOUT = 1.0   # seconds a save waits for redis.replicas acknow
 # deadline and lock-renewer threads (killing them: OverflowError) and Redis's expiry times.
 MAX_SECONDS = 315_360_000
 MAX_COUNT = 2 ** 31 - 1         # turns, tokens, pool sizes; far more overflows Redis's list indices
+DEFAULT_COMPACTION_INSTRUCTIONS = ('Summarize the conversation below for the assistant who continues it: keep '
+                                   'every fact, name, number, decision and open question; drop pleasantries. '
+                                   'Answer with the summary only.')
 MAX_PRICE = 1_000_000           # USD per million tokens; far more overflows a day's micro-USD counter
 
 # Keys only provider: template reads; elsewhere they are refused rather than ignored.
@@ -91,6 +94,13 @@ class Pricing(_Frozen):
         return self.input if self.cache_write is None else self.cache_write
 
 
+class CompactionConfig(_Frozen):
+    """Summarize the turns the window leaves behind with connection ``connection`` (SPEC §17)."""
+
+    connection: str = Field(min_length=1)
+    instructions: str = Field(DEFAULT_COMPACTION_INSTRUCTIONS, min_length=1)
+
+
 class ConnectionConfig(_Frozen):
     """One entry of the ``llm`` list."""
 
@@ -131,6 +141,7 @@ class ConnectionConfig(_Frozen):
     cache_ttl: Literal['5m', '1h'] = '5m'
     window_step: int = Field(1, ge=1, le=MAX_COUNT)
     pricing: Pricing | None = None      # counted as ``cost`` (micro-USD) in the usage ledger
+    compaction: CompactionConfig | None = None
 
     @model_validator(mode='before')
     @classmethod
@@ -287,6 +298,16 @@ class Config(_Frozen):
     @model_validator(mode='after')
     def _gateway_models(self) -> 'Config':
         self.gateway.check_models({conn.name for conn in self.llm})
+        return self
+
+    @model_validator(mode='after')
+    def _compaction_connections(self) -> 'Config':
+        names = {conn.name for conn in self.llm}
+        for conn in self.llm:
+            if conn.compaction and conn.compaction.connection not in names:
+                raise ValueError(f'connection "{conn.name}": field "compaction.connection" names '
+                                 f'{conn.compaction.connection!r}, which is not a connection of this file; '
+                                 f'known connections: {", ".join(sorted(names))}')
         return self
 
     @property

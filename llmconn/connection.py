@@ -38,6 +38,7 @@ from llmconn import observe
 from llmconn.checks import MAX_CHAT_ID_CHARS, MAX_TEXT_CHARS, check_params, check_skill  # noqa: F401
 from llmconn.checks import check_chat_id as _check_chat_id
 from llmconn.checks import check_text as _check_text
+from llmconn.compaction import Compacted, compact, summarizer_of, system_with
 from llmconn.config import ConnectionConfig
 from llmconn.errors import InactiveConnection, InvalidInput, LLMError, ToolLoopLimit
 from llmconn.lifetime import Counted, InFlight
@@ -82,6 +83,7 @@ class Connection:
         self.usage = usage or NO_LEDGER      # counts every call, see llmconn.usage
         self.calls = InFlight()         # running calls: a connection a reload replaced closes after the last
         self.closed = False
+        self.peers: dict = {}           # the registry's connections by name (a compaction's summarizer)
 
     def __repr__(self) -> str:
         return f'<Connection {self.name!r} provider={self.conf.provider} model={self.conf.model}>'
@@ -211,15 +213,28 @@ class Connection:
             window = list(lock.turns)
             pending = window.pop() if window and window[-1].pending else None
             check_pending(pending, spec)
+            compacted = self._compact(spec.chat_id, window, pending)
+            call.system = system_with(call.system, compacted.summary)
             loop = yield from self._turn(call, window, pending, tally)
             result = loop.result
+            if compacted.usage is not None:
+                result['usage']['compaction'] = compacted.usage
             lock.save(Turn(user=pending.user if pending else spec.text, assistant=loop.text,
                            items=loop.stored_items(), tag=self.provider.tag if loop.stored_items() else '',
-                           state=loop.state, ts=mod_time.time(), meta=loop.last.meta),
+                           state=loop.state, ts=mod_time.time(), meta=loop.last.meta,
+                           summary=compacted.summary if compacted.made else {}),
                       expiry=conf.chat_expiry, max_turns=conf.max_stored_turns, replace_last=pending is not None,
                       counters=tally.save_entry(self.name, spec.chat_id, result, lock))
             tally.saved()
             yield Event('done', result=result, reply=loop.last)
+
+    def _compact(self, chat_id: str, window: list[Turn], pending: Turn | None) -> Compacted:
+        """The summary of what the window left behind, made now if its start just moved (see
+        :mod:`llmconn.compaction`); none without ``compaction``, or while a turn waits for tool outputs."""
+        if self.conf.compaction is None or pending is not None:
+            return Compacted()
+        return compact(self.conf, window, lambda: self.store.history(self.name, chat_id),
+                       summarizer_of(self.conf, self.peers))
 
     def _turn(self, call: _Call, window: list[Turn], pending: Turn | None, tally) -> Iterator[Event]:
         """The tool loop: call, parse, run the tools the model asked for, until it answers.

@@ -147,6 +147,8 @@ class Registry:
                 connections[conn_conf.name] = old
             else:
                 connections[conn_conf.name] = Connection(conn_conf, store, skills, usage=usage)
+        for conn in connections.values():
+            conn.peers = connections    # a compaction's summarizer is looked up among these
         return _State(conf, store, skills, connections, usage)
 
 

@@ -34,6 +34,9 @@ class Turn:
     # Fields the provider attached to the reply to be handed back with this turn (template
     # endpoints: a thread or session id); JSON values, windowed with the turn.
     meta: Mapping = field(default_factory=dict)
+    # The conversation before the window, summarized when this turn was made (llmconn.compaction):
+    # {"text": str, "through": the ts of the last turn it covers}; empty on most turns.
+    summary: Mapping = field(default_factory=dict)
 
     def steps(self) -> list[dict]:
         """The canonical items, ending with the final text unless calls are pending."""
@@ -53,6 +56,8 @@ class Turn:
             d['p'] = dict(self.state)
         if self.meta:
             d['m'] = dict(self.meta)
+        if self.summary:
+            d['s'] = dict(self.summary)
         return d
 
     @classmethod
@@ -61,7 +66,7 @@ class Turn:
         if d.get('r'):      # stored before provider state had its own key (Responses chains)
             state = {'response_id': d['r'], 'chain': d.get('c', 0)}
         return cls(user=d['u'], assistant=d['a'], items=tuple(d.get('i', ())), tag=d.get('t', ''),
-                   state=state, ts=d.get('ts', 0.0), meta=d.get('m') or {})
+                   state=state, ts=d.get('ts', 0.0), meta=d.get('m') or {}, summary=d.get('s') or {})
 
 
 @dataclass(frozen=True)
