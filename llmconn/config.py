@@ -33,6 +33,7 @@ DEFAULT_MAX_RETRIES = 2
 DEFAULT_LOCK_WAIT = 10.0        # as Zato's `block`: how long a chat call waits for the lock
 DEFAULT_LOCK_TTL = 30.0         # the most a dead lock holder can block a chat
 DEFAULT_MAX_TOOL_ROUNDS = 8
+DEFAULT_TOOL_TIMEOUT = 60.0     # the longest one tool function may run while its chat is locked
 # The lock is renewed every lock_ttl/3, each renewal a Redis round trip made by a background thread
 # that must first get the GIL (switch interval 5 ms) or the gevent hub. Below 0.1 s renewals come
 # every < 33 ms and one scheduling hiccup lets the lock expire mid-call: every chat call would fail.
@@ -126,6 +127,7 @@ class ConnectionConfig(_Frozen):
     # Tools: provider calls one turn may make, and the hosted (provider-run) tools a call may use,
     # as the provider's own definitions.
     max_tool_rounds: int = Field(DEFAULT_MAX_TOOL_ROUNDS, ge=1, le=100)
+    tool_timeout: float = Field(DEFAULT_TOOL_TIMEOUT, gt=0, le=MAX_SECONDS)
     hosted_tools: list[dict[str, Any]] = Field(default_factory=list)
     # provider: template (SPEC §12). A *_file is read at load, relative to the configuration
     # file, into the inline key; the path stays so errors can name it.

@@ -277,7 +277,7 @@ class Connection:
             if tool is not None and tool.function is None:
                 loop.waiting = True     # a manual tool: the caller gives its output later
                 continue
-            output, is_error = mod_tools.run(tool, item['name'], item['arguments'])
+            output, is_error = mod_tools.run(tool, item['name'], item['arguments'], self.conf.tool_timeout)
             loop.items.append(mod_items.output(item['call_id'], output, is_error))
             if call.spec.stream:
                 yield Event('tool_result', call=dict(public_call(item), output=output, is_error=is_error))

@@ -94,8 +94,9 @@ class ChatStore:
 
         def busy() -> ChatBusy:
             return ChatBusy(f'Chat {chat_id[:64]!r} of connection {conn_name!r} is busy: other calls held it for '
-                            f'longer than lock_wait ({lock_wait:g} s). Try again later, or raise lock_wait in '
-                            f'the connection\'s configuration.')
+                            f'longer than lock_wait ({lock_wait:g} s) - a provider call, or tools the model asked '
+                            f'for, which hold the chat while they run (up to tool_timeout each). Try again later, '
+                            f'or raise lock_wait in the connection\'s configuration.')
 
         started = self._clock()
         try:
