@@ -25,6 +25,7 @@ from llmconn.errors import ConfigError
 from llmconn.types import Turn
 
 SUMMARY_HEADER = 'Summary of the conversation so far (older messages are not shown):'
+SEPARATOR = '\n\n'              # between the skill and the summary, when both are sent as one text
 
 
 @dataclass
@@ -41,12 +42,17 @@ def latest(turns: list[Turn]) -> dict:
     return next((dict(t.summary) for t in reversed(turns) if t.summary), {})
 
 
+def summary_block(summary: dict) -> str:
+    """The text a summary is sent as ('' for none)."""
+    return f'{SUMMARY_HEADER}\n{summary["text"]}' if summary.get('text') else ''
+
+
 def system_with(system: str, summary: dict) -> str:
     """The system prompt with the summary right after the skill."""
-    if not summary.get('text'):
+    block = summary_block(summary)
+    if not block:
         return system
-    block = f'{SUMMARY_HEADER}\n{summary["text"]}'
-    return f'{system}\n\n{block}' if system else block
+    return f'{system}{SEPARATOR}{block}' if system else block
 
 
 def compact(conf: Any, window: list[Turn], read_all: Callable[[], list[Turn]], summarizer: Any) -> Compacted:

@@ -38,7 +38,7 @@ from llmconn import observe
 from llmconn.checks import MAX_CHAT_ID_CHARS, MAX_TEXT_CHARS, check_params, check_skill  # noqa: F401
 from llmconn.checks import check_chat_id as _check_chat_id
 from llmconn.checks import check_text as _check_text
-from llmconn.compaction import Compacted, compact, summarizer_of, system_with
+from llmconn.compaction import Compacted, compact, summarizer_of, summary_block, system_with
 from llmconn.config import ConnectionConfig
 from llmconn.errors import InactiveConnection, InvalidInput, LLMError, ToolLoopLimit
 from llmconn.lifetime import Counted, InFlight
@@ -61,6 +61,7 @@ class _Call:
 
     spec: CallSpec
     system: str = ''
+    summary: str = ''               # the compaction summary ``system`` ends with
     tools: tuple = ()
     hosted: tuple = ()
     by_name: dict = field(default_factory=dict)
@@ -215,6 +216,7 @@ class Connection:
             check_pending(pending, spec)
             compacted = self._compact(spec.chat_id, window, pending)
             call.system = system_with(call.system, compacted.summary)
+            call.summary = summary_block(compacted.summary)
             loop = yield from self._turn(call, window, pending, tally)
             result = loop.result
             if compacted.usage is not None:
@@ -246,7 +248,8 @@ class Connection:
         chain = Chain(window) if spec.chain else self.provider.chain(window)
         base = Request(pending.user if pending else spec.text, call.system, (), spec.params, spec.stream,
                        tools=call.tools, hosted=call.hosted, chain=spec.chain, tag=self.provider.tag,
-                       stateless=spec.stateless, cache_key=chat_cache_key(self.name, spec.chat_id))
+                       stateless=spec.stateless, cache_key=chat_cache_key(self.name, spec.chat_id),
+                       summary=call.summary)
         loop = TurnLoop(pending, spec.outputs, self.provider.tag, given=spec.items, given_tag=spec.tag,
                         pricing=self.conf.pricing)
         while True:

@@ -85,6 +85,9 @@ class Request:
     tag: str = ''                       # the tag of ``items``' natives (always this provider's)
     stateless: bool = False             # the provider must keep nothing of this call (a stateful API too)
     cache_key: str = ''                 # the chat's prompt cache key (llmconn.providers.caching), '' for none
+    # The compaction summary ``system`` ends with (llmconn.compaction): Claude sends it as a block of
+    # its own, after the skill's, so the skill stays cached when the summary changes.
+    summary: str = ''
 
 
 @dataclass(frozen=True)

@@ -74,3 +74,20 @@ def test_without_compaction_nothing_is_summarized(redis_url, provider, unique, o
 def test_compaction_must_name_a_connection_of_the_file():
     with pytest.raises(ConfigError, match='compaction.connection'):
         load_dict({'llm': [{'name': 'a', 'model': 'claude-sonnet-5-5', 'compaction': {'connection': 'nope'}}]})
+
+
+def test_claude_keeps_the_skill_cached_when_the_summary_changes(redis_url, provider, unique, open_registry, tmp_path):
+    skill = tmp_path / 'skills' / 'long' / 'SKILL.md'
+    skill.parent.mkdir(parents=True)
+    skill.write_text('---\nname: long\ndescription: d\n---\n' + ' '.join(f'{unique}-{i}' for i in range(2000)))
+    base = {'model': 'claude-sonnet-5-5', 'address': provider.url, 'max_retries': 0}
+    registry = open_registry({'redis': {'url': redis_url}, 'skills_dir': str(tmp_path / 'skills'), 'llm': [
+        dict(base, name=unique, max_history_turns=4, window_step=2, compaction={'connection': unique + '-sum'}),
+        dict(base, name=unique + '-sum')]})
+    results = [registry[unique].chat(f'q{i}', chat_id='c', skill='long') for i in range(7)]
+    chats = [b for b in sent(provider) if system_text(b)]
+    system = chats[6]['system']
+    assert [b.get('cache_control') for b in system] == [{'type': 'ephemeral'}, None]
+    assert system[1]['text'].startswith(SUMMARY_HEADER) and system_text(chats[6]).startswith(f'{unique}-0 ')
+    # Call 6 has a new summary and a moved window: only the skill's block is read from the cache.
+    assert results[6]['usage']['cache_read_tokens'] == 2000

@@ -42,18 +42,32 @@ def chat_cache_key(connection: str, chat_id: str) -> str:
     return 'llmconn-' + hashlib.sha256(f'{connection}\0{chat_id}'.encode('utf-8', 'surrogatepass')).hexdigest()[:32]
 
 
-def place_breakpoints(body: dict[str, Any], history_messages: int, ttl: str) -> None:
+def system_blocks(system: str, summary: str) -> str | list:
+    """Claude's ``system``: the text, or with a compaction summary at its end, the skill and the
+    summary as two blocks, so that a changed summary leaves the skill's cached block as it was."""
+    if not summary or not system.endswith(summary) or len(system) == len(summary):
+        return system
+    skill = system[:-len(summary)].rstrip('\n')
+    return [{'type': 'text', 'text': skill}, {'type': 'text', 'text': summary}]
+
+
+def place_breakpoints(body: dict[str, Any], history_messages: int, ttl: str, summary: bool = False) -> None:
     """Mark ``body`` (a Claude Messages body built for this call) where caching pays; see the module doc.
 
-    ``history_messages``: how many of ``body['messages']`` come from the window's history.
+    ``history_messages``: how many of ``body['messages']`` come from the window's history;
+    ``summary``: the system's last block is a compaction summary, which is not part of the stable prefix.
     """
     mark = {'type': 'ephemeral'} if ttl == '5m' else {'type': 'ephemeral', 'ttl': ttl}
     room = MAX_BREAKPOINTS - _marks(body)
     messages = body.get('messages') or []
-    stable = _size(body.get('tools')) + _size(body.get('system'))
-    history = stable + sum(_size(m.get('content')) for m in messages[:history_messages])
+    system = body.get('system')
+    summarized = summary and isinstance(system, list) and len(system) == 2
+    stable = _size(body.get('tools')) + _size(system[0] if summarized else system)
+    history = (stable + (_size(system[1]) if summarized else 0)
+               + sum(_size(m.get('content')) for m in messages[:history_messages]))
     whole = history + sum(_size(m.get('content')) for m in messages[history_messages:])
-    slots = [(stable, _mark_stable), (whole, lambda b, m: _mark_message(b, len(messages) - 1, m))]
+    slots = [(stable, _mark_skill if summarized else _mark_stable),
+             (whole, lambda b, m: _mark_message(b, len(messages) - 1, m))]
     if 0 < history_messages < len(messages):
         slots.append((history, lambda b, m: _mark_message(b, history_messages - 1, m)))
     for size, place in slots:
@@ -72,6 +86,12 @@ def _mark_stable(body: dict, mark: dict) -> bool:
     if tools:
         return _mark_last(tools, mark, lambda blocks: body.__setitem__('tools', blocks), any_type=True)
     return False
+
+
+def _mark_skill(body: dict, mark: dict) -> bool:
+    """The skill's block, the first of a system with a summary after it."""
+    body['system'] = [dict(body['system'][0], cache_control=mark), body['system'][1]]
+    return True
 
 
 def _mark_message(body: dict, index: int, mark: dict) -> bool:

@@ -29,7 +29,7 @@ from llmconn.errors import InvalidInput
 from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, TOOLS, Provider
 from llmconn.providers.base import is_done_marker, json_event, nonempty, plain_reply
 from llmconn.providers.base import tokens
-from llmconn.providers.caching import place_breakpoints
+from llmconn.providers.caching import place_breakpoints, system_blocks
 from llmconn.types import Event, Reply, Request
 
 ANTHROPIC_VERSION = '2023-06-01'
@@ -109,7 +109,7 @@ class ClaudeProvider(Provider):
 
         body: dict[str, Any] = {'model': self.conf.model, 'max_tokens': self.conf.max_tokens}
         if request.system:
-            body['system'] = request.system
+            body['system'] = system_blocks(request.system, request.summary)
         body['messages'] = messages
         if self.conf.thinking is not None:
             body['thinking'] = self.conf.thinking.wire()
@@ -120,7 +120,7 @@ class ClaudeProvider(Provider):
             body['stream'] = True
         body.update(self.body_params(request))
         if self.conf.cache == 'auto':
-            place_breakpoints(body, history_messages, self.conf.cache_ttl)
+            place_breakpoints(body, history_messages, self.conf.cache_ttl, summary=bool(request.summary))
         return body
 
     # ---- response
