@@ -9,10 +9,9 @@ where the stock sandbox renders an empty string, and no one expression may
 build a huge value: ``*`` / ``**`` are bounded, and so is every width or
 precision (``'%400000000s' % x``, ``|format``, ``'{:>400000000}'.format``,
 ``'%*s'``, ``center`` and friends) and what ``replace`` and ``join`` may
-build. Each is checked before the value is made, so a refusal costs
-microseconds, not the seconds and gigabytes the value would have. Loops can
-still spend time and memory: templates are configuration, written by
-whoever writes llm.yaml.
+build, and the text any join makes (:mod:`~llmconn.providers.template_bounds`).
+Each is checked before the value is made, so a refusal costs milliseconds,
+not the seconds and gigabytes the value would have.
 
 Its only global is ``namespace``; ``fromjson`` joins the stock filters, and
 ``tojson`` names what is missing instead of failing to serialize it. Missing
@@ -45,7 +44,9 @@ _refused_tags = (nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends)
 class TemplateSandbox(SandboxedEnvironment):
     """The sandbox with its silent failures made loud and its arithmetic bounded."""
 
-    intercepted_binops = frozenset({'*', '**', '%'})
+    intercepted_binops = frozenset({'*', '**', '%', '+'})
+    code_generator_class = bounds.BoundedCodeGenerator
+    concat = staticmethod(bounds.concat)
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
         # The stock sandbox returns an undefined value, which renders as '' and hides the attempt.
@@ -57,6 +58,9 @@ class TemplateSandbox(SandboxedEnvironment):
             if isinstance(left, str):
                 bounds.check_percent(left, right)
             return left % right
+        if operator == '+':
+            bounds.check_sum(left, right)
+            return left + right
         if isinstance(left, int) and isinstance(right, int):
             bits = left.bit_length() + right.bit_length() if operator == '*' else left.bit_length() * right
             if bits > MAX_INT_BITS:
@@ -65,6 +69,9 @@ class TemplateSandbox(SandboxedEnvironment):
             for seq, times in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and len(seq) * times > MAX_REPEAT:
                     raise SecurityError(f'a value repeated to more than {MAX_REPEAT} items')
+                if isinstance(seq, (list, tuple)) and isinstance(times, int) and \
+                        times * bounds.text_length(seq) > bounds.MAX_BUILT_CHARS:
+                    raise SecurityError(f'a list repeated to more than {bounds.MAX_BUILT_CHARS:,} characters of text')
         return left * right if operator == '*' else left ** right
 
     def call(__self, __context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja2's names)
