@@ -13,8 +13,8 @@ MASK = '***'
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its userinfo (password, or a lone user that may be a token) and any ``password=``
-    query field shown as ``***``.
+    """``url`` with its userinfo (password, or a lone user that may be a token) and any query field
+    named like a password (``password=``, ``sentinel_password=``) shown as ``***``.
 
     Passwords are often pasted unencoded, holding ``/``, ``#``, ``?`` or ``@``,
     which a URL parser then reads as path, fragment or query, printing the rest
@@ -39,7 +39,7 @@ def mask_url(url: str) -> str:
         head = host_and_path
     if qmark:
         try:
-            fields = [(k, MASK if k.lower() == 'password' else v)
+            fields = [(k, MASK if k.lower().endswith('password') else v)
                       for k, v in parse_qsl(query, keep_blank_values=True)]
             query = urlencode(fields, safe='*/:')
         except ValueError:

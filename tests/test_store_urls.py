@@ -79,6 +79,28 @@ def test_a_hostile_password_never_shows_in_check_reprs_or_load_errors(tmp_path):
     assert 'w:rd' not in check.stdout and 'p/a' not in check.stdout and 'user:***@host' in check.stdout
 
 
+def test_a_sentinel_password_never_shows_in_check_reprs_errors_or_the_admin_page(tmp_path):
+    from llmconn.errors import StoreError
+    secret = 's3ntinel-secret'
+    url = f'redis+sentinel://127.0.0.1:1/mymaster/0?sentinel_password={secret}'
+    target = parse_redis_url(url)
+    assert target.options['sentinel_password'] == secret
+    for shown in (mask_url(url), repr(target), target.display):
+        assert secret not in shown, shown
+    assert 'sentinel_password=***' in target.display
+    store = open_store(url)
+    assert store.url_for_display == target.display          # what /admin and every error show
+    with pytest.raises(StoreError) as info:        # nothing listens there: the error names the store
+        store.ping()
+    assert 'sentinel_password=***' in str(info.value) and secret not in str(info.value)
+    store.close()
+    config = tmp_path / 'llm.yaml'
+    config.write_text(f'redis:\n  url: "{url}"\nllm: []\n')
+    check = subprocess.run([sys.executable, '-m', 'llmconn', 'check', str(config)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    assert secret not in check.stdout + check.stderr and 'sentinel_password=***' in check.stdout
+
+
 def test_replicas_are_validated():
     assert mod_config.load_dict({'redis': {'url': 'redis://h/0', 'replicas': 1}}).redis.replicas == 1
     with pytest.raises(ConfigError, match='replicas'):

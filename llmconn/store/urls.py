@@ -59,7 +59,7 @@ class RedisTarget:
     master: str = ''                    # Sentinel service name
     username: str | None = None
     password: str | None = field(default=None, repr=False)
-    options: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict, repr=False)     # may hold sentinel_password
     display: str = ''
 
 
