@@ -154,22 +154,16 @@ def cmd_chats(args) -> int:
 
 def list_chats(store: Any, conn_name: str, match: str = '*') -> list[str]:
     """The ids of every chat of ``conn_name`` with stored turns, sorted; SCAN, every master of a cluster."""
-    from redis.exceptions import RedisClusterException, RedisError
-
     from llmconn.store.keys import KEY_PREFIX, encode
     from llmconn.usage_report import decode
 
     head = f'{KEY_PREFIX}:{{{encode(conn_name)}:'
     tail = '}:turns'
     ids = []
-    try:
-        for key in store.client.scan_iter(match=head + '*' + tail, count=SCAN_COUNT):
-            encoded = key.decode()[len(head):-len(tail)]
-            chat_id = decode(encoded)
-            if fnmatch.fnmatchcase(chat_id, match):
-                ids.append(chat_id)
-    except (RedisError, RedisClusterException) as exc:
-        raise store._error(exc) from exc
+    for key in store.scan(head + '*' + tail, SCAN_COUNT):
+        chat_id = decode(key.decode()[len(head):-len(tail)])
+        if fnmatch.fnmatchcase(chat_id, match):
+            ids.append(chat_id)
     return sorted(ids)
 
 

@@ -91,6 +91,10 @@ class LockLost(StoreError):
     """The chat's lock expired during the call, so its turn was not saved."""
 
 
+class StoreAuthError(StoreError):
+    """Redis refused the user name or password of ``redis.url``."""
+
+
 class UnknownService(LLMConnError, KeyError):
     """No deployed service has that name."""
 

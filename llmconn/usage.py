@@ -3,6 +3,10 @@
 Where the counts live is :mod:`llmconn.usage_keys`. A failed call counts in
 ``calls`` too. No message text is ever written.
 
+The Redis side (the scripts, reading back) is :mod:`llmconn.store.usage`;
+the counters are :data:`llmconn.usage_keys.COUNTERS`, so a new counter is
+one more name there and in the tally.
+
 How a call is counted, exactly once:
 
 * A chat call whose turn is saved counts inside the save script (no extra
@@ -21,9 +25,8 @@ How a call is counted, exactly once:
   for the save's token among the chat's saved tokens: found, the save script
   counted the call and only its error is added; not found, all of it.
 * A failed call keeps the tokens of the provider rounds that answered.
-* Counters of other hashes (the gateway's, per tenant and day) go the same
-  way through :meth:`UsageLedger.add_to`: tallied in process, written in
-  marked batches, one per hash.
+* Gateway calls are calls of their connection like any other, counted
+  under their gateway key: there is no other ledger.
 * ``close()`` (called by ``Registry.close()``) stops the thread and flushes
   what is left; a program that ends normally without closing its registry
   (a script that returns, ``sys.exit``, a multiprocessing child whose
@@ -43,60 +46,20 @@ import threading
 import time as mod_time
 import weakref
 from collections import defaultdict
-from typing import Any, Callable, Iterable, Iterator
-
-from redis.crc import key_slot
-from redis.exceptions import RedisClusterException, RedisError
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from llmconn.errors import LLMConnError, LLMError, LLMTimeout, LockLost, StoreError
-from llmconn.store.keys import chat_keys
-from llmconn.usage_keys import ERROR_PREFIX, RETENTION_TTL, day_of, field_prefix, ledger_key
+from llmconn.store.keys import chat_keys, slot_of
+from llmconn.store.lock import SaveCounters, SavedMarker
+from llmconn.store.usage import Batch, UsageStore
+from llmconn.usage_keys import ERROR_PREFIX, RETENTION_TTL, TOKEN_COUNTERS, day_of, field_prefix, ledger_key
+
+if TYPE_CHECKING:
+    from llmconn.store.history import ChatStore
 
 logger = logging.getLogger(__name__)
 
 FLUSH_INTERVAL = 1.0                    # seconds between flushes of the in-process tally
-BATCH_MARKER_TTL = 86400                # a batch sent again within a day is recognized
-
-# Adds one batch of counts to a day's hash, once, however often the batch is sent.
-#   KEYS[1] - the day's ledger hash, KEYS[2] - the batch's marker (same slot)
-#   ARGV[1] - ledger ttl (s), ARGV[2] - marker ttl (s), ARGV[3..] - field, increment, field, ...
-# Returns 1 when applied, 0 when this batch had been applied before.
-FLUSH = """
-if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[2]) then
-    return 0
-end
-for i = 3, #ARGV, 2 do
-    redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
-end
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-return 1
-"""
-
-# Adds the counts of one call whose save may have run, once: when the chat's saved tokens hold
-# the save's token, its script counted the call, and only the pairs it could not count are added.
-#   KEYS[1] - the ledger hash, KEYS[2] - this write's marker, KEYS[3] - the chat's saved tokens
-#   (one slot: the hash is the one the save script would have written)
-#   ARGV[1] - ledger ttl (s), ARGV[2] - marker ttl (s), ARGV[3] - the save's token,
-#   ARGV[4] - how many of the pairs to add when it was saved (they come first),
-#   ARGV[5..] - field, increment, field, ...
-# Returns 0 - written before (nothing done); 1 - not saved: every pair added; 2 - saved: the first ones.
-FLUSH_UNLESS_SAVED = """
-if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[2]) then
-    return 0
-end
-local last, result = #ARGV, 1
-for _, token in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
-    if token == ARGV[3] then
-        last, result = 4 + 2 * tonumber(ARGV[4]), 2
-        break
-    end
-end
-for i = 5, last, 2 do
-    redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
-end
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-return result
-"""
 
 _NO_USAGE: dict = {}
 
@@ -125,22 +88,19 @@ _ledgers: 'weakref.WeakSet[UsageLedger]' = weakref.WeakSet()
 class UsageLedger:
     """Counts calls of one registry's connections into its chat store."""
 
-    def __init__(self, store: Any, *, clock: Callable[[], float] = mod_time.time,
+    def __init__(self, store: 'ChatStore', *, clock: Callable[[], float] = mod_time.time,
                  flush_interval: float = FLUSH_INTERVAL) -> None:
         self.store = store
         self.clock = clock
         self.flush_interval = flush_interval
+        self._redis = UsageStore(store)
         self._cluster = bool(getattr(store, 'cluster', False))
-        self._scripts: dict[str, Any] = {}                  # registered on first use: connects nothing now
         self._prefixes: dict[tuple, str] = {}
         self._fields: dict[str, tuple] = {}
         self._day: tuple = (0.0, 0.0, '', '')            # start, end, 'YYYY-MM-DD', its ledger key
         self._pending: dict[tuple, dict[str, int]] = {}     # (day, prefix) -> counter -> n
-        self._hashes: dict[tuple, dict[str, int]] = {}      # (hash key, ttl) -> field -> n (add_to)
-        self._uncertain: list[tuple] = []                   # calls whose save may have run, see add_unless_saved
-        # (batch id, day or None, field -> n, (hash key, ttl) or None,
-        #  (saved tokens key, pairs to add if saved, fence) or None), oldest first
-        self._unsent: list[tuple[str, str | None, dict, tuple | None, tuple | None]] = []
+        self._uncertain: list[Batch] = []                   # calls whose save may have run, see add_unless_saved
+        self._unsent: list[Batch] = []                      # cut, not written yet, oldest first
         self._lock = threading.Lock()
         self._flushing = threading.Lock()
         self._wakeup = threading.Event()
@@ -173,24 +133,26 @@ class UsageLedger:
             self._day = (start, start + 86400, day, ledger_key(day))
         return day
 
-    def save_entry(self, conn_name: str, chat_id: str, prefix: str, result: dict) -> tuple:
-        """``counters`` for the save: (ledger key, {field: increment}, its expiry); on the hot path."""
+    def save_entry(self, conn_name: str, chat_id: str, prefix: str, result: dict) -> SaveCounters:
+        """What the save script adds for this call: today's hash (of the chat's slot) and its increments."""
         day = self.today()
-        if self._cluster:
-            key = ledger_key(day, key_slot(chat_keys(conn_name, chat_id).turns.encode()))
-        else:
-            key = self._day[3]
+        key = ledger_key(day, slot_of(chat_keys(conn_name, chat_id).turns)) if self._cluster else self._day[3]
         usage = result.get('usage') or _NO_USAGE
         names = self._fields.get(prefix)
         if names is None:
-            names = self._fields[prefix] = tuple(prefix + c for c in ('calls', 'input_tokens', 'output_tokens',
-                                                                      'tool_calls'))
+            names = self._fields[prefix] = (prefix + 'calls', tuple((n, prefix + n) for n in TOKEN_COUNTERS),
+                                            prefix + 'tool_calls')
+        calls, tokens, tool_calls = names
         # 'calls' first: the save script sets the hash's expiry when that field is new.
-        counts = {names[0]: 1, names[1]: usage.get('input_tokens') or 0, names[2]: usage.get('output_tokens') or 0}
+        counts = {calls: 1}
+        for name, field in tokens:
+            n = usage.get(name)
+            if n:                           # a count of 0 is no work for the script
+                counts[field] = n
         tools = result.get('tool_calls')
         if tools:
-            counts[names[3]] = len(tools)
-        return key, counts, RETENTION_TTL
+            counts[tool_calls] = len(tools)
+        return SaveCounters(key, counts, RETENTION_TTL)
 
     def add(self, prefix: str, counts: dict[str, int]) -> None:
         """Add ``counts`` to today's tally; written by the flusher, off the caller's path."""
@@ -203,36 +165,31 @@ class UsageLedger:
                 tally[name] += n
         self._wake_flusher()
 
-    def add_to(self, key: str, ttl: int, counts: dict[str, int]) -> None:
-        """Add ``counts`` to the hash ``key`` (expiring ``ttl`` s after each write), off the caller's path.
+    def add_estimate(self, conn_name: str, model: str, key: str, usage: dict) -> None:
+        """Tokens a call spent that its tally never saw: a stream its client left, estimated from its text.
 
-        The marker of a batch is ``key`` + a suffix, so ``key`` must carry its own
-        hash tag on a cluster (the gateway's keys do).
+        The call itself was counted (``cancelled``) by its tally; only the
+        token counters of ``usage`` are added.
         """
-        with self._lock:
-            tally = self._hashes.get((key, ttl))
-            if tally is None:
-                tally = self._hashes[(key, ttl)] = defaultdict(int)
-            for name, n in counts.items():
-                tally[name] += n
-        self._wake_flusher()
+        counts = {name: int(usage.get(name) or 0) for name in TOKEN_COUNTERS}
+        if any(counts.values()):
+            self.add(self.prefix(conn_name, model, key), counts)
 
-    def add_unless_saved(self, counters: tuple, marker: tuple, prefix: str, counts: dict[str, int],
+    def add_unless_saved(self, counters: SaveCounters, marker: SavedMarker, prefix: str, counts: dict[str, int],
                          if_saved: dict[str, int]) -> None:
         """Add ``counts`` unless the save behind ``counters`` ran, else only ``if_saved``; off the caller's path.
 
-        ``counters`` is what :meth:`save_entry` gave the save, ``marker`` the
-        lock's ``saved_marker()``: (saved tokens key, token, fence). The flush
-        runs the fence first, so that a save still in flight cannot land after
-        the saved tokens were read.
+        ``counters`` is what :meth:`save_entry` gave the save, ``marker`` its
+        lock's. The flush runs the marker's fence first, so that a save still
+        in flight cannot land after the saved tokens were read.
         """
-        key, _, ttl = counters
-        saved_key, token, fence = marker
         first = {prefix + name: n for name, n in if_saved.items() if n}
         fields = dict(first)
         fields.update((prefix + name, n) for name, n in counts.items() if n and name not in if_saved)
+        # Its id is the save's token: one write per call, recognised if sent again.
+        batch = Batch(marker.token, counters.key, counters.expiry, fields, unless_saved=marker, if_saved=len(first))
         with self._lock:
-            self._uncertain.append((token, None, fields, (key, ttl), (saved_key, len(first), fence)))
+            self._uncertain.append(batch)
         self._wake_flusher()
 
     def _wake_flusher(self) -> None:
@@ -262,13 +219,11 @@ class UsageLedger:
 
     def _write_unsent(self) -> bool:
         while self._unsent:
-            batch_id, day, fields, target, saved = self._unsent[0]
             try:
-                self._write(batch_id, day, fields, target, saved)
-            except (RedisError, RedisClusterException, StoreError) as exc:
+                self._redis.write(self._unsent[0])
+            except StoreError as exc:
                 if not self._failing:
-                    error = exc if isinstance(exc, StoreError) else self.store._error(exc)
-                    logger.warning('Could not write usage counts, keeping them to retry: %s', error)
+                    logger.warning('Could not write usage counts, keeping them to retry: %s', exc)
                 self._failing = True
                 return False
             self._unsent.pop(0)
@@ -291,20 +246,18 @@ class UsageLedger:
         self._lost_reported = lost
 
     def has_unwritten(self) -> bool:
-        """Counts of this process not written yet (of any hash)."""
-        return bool(self._pending or self._hashes or self._uncertain or self._unsent)
+        """Counts of this process not written yet."""
+        return bool(self._pending or self._uncertain or self._unsent)
 
     def pending(self) -> int:
         """Calls counted in this process and not yet written (for tests and the admin page)."""
         with self._lock:
             pending = sum(t.get('calls', 0) for t in self._pending.values()) + len(self._uncertain)
-        return pending + sum(v for _, day, fields, _, saved in self._unsent if day or saved
-                             for f, v in fields.items() if f.endswith(':calls'))
+        return pending + sum(n for batch in self._unsent for f, n in batch.fields.items() if f.endswith(':calls'))
 
     def _cut_batches(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, {}
-            hashes, self._hashes = self._hashes, {}
             uncertain, self._uncertain = self._uncertain, []
         by_day: dict[str, dict[str, int]] = defaultdict(dict)
         for (day, prefix), tally in pending.items():
@@ -312,34 +265,11 @@ class UsageLedger:
                 if n:
                     by_day[day][prefix + name] = n
         for day, fields in sorted(by_day.items()):
-            self._unsent.append((os.urandom(12).hex(), day, fields, None, None))
-        for target, tally in hashes.items():
-            fields = {name: n for name, n in tally.items() if n}
-            if fields:
-                self._unsent.append((os.urandom(12).hex(), None, fields, target, None))
-        self._unsent += uncertain       # each its own write; its id is the save's token
-
-    def _write(self, batch_id: str, day: str | None, fields: dict[str, int], target: tuple | None = None,
-               saved: tuple | None = None) -> None:
-        if target is None:
-            key, ttl = ledger_key(day, key_slot(batch_id.encode()) if self._cluster else None), RETENTION_TTL
-        else:
-            key, ttl = target
-        marker = f'{key}:batch:{batch_id}'
-        pairs = [item for pair in fields.items() for item in pair]
-        if saved is None:
-            self._script(FLUSH)(keys=(key, marker), args=[ttl, BATCH_MARKER_TTL, *pairs])
-            return
-        saved_key, if_saved, fence = saved
-        fence()             # no save of this token can land from now on; raises while Redis is down
-        self._script(FLUSH_UNLESS_SAVED)(keys=(key, marker, saved_key),
-                                         args=[ttl, BATCH_MARKER_TTL, batch_id, if_saved, *pairs])
-
-    def _script(self, source: str) -> Any:
-        script = self._scripts.get(source)
-        if script is None:
-            script = self._scripts[source] = self.store.client.register_script(source)
-        return script
+            batch_id = os.urandom(12).hex()
+            # On a cluster the batch goes to its own slot's hash of the day, where its marker lives too.
+            key = ledger_key(day, slot_of(batch_id) if self._cluster else None)
+            self._unsent.append(Batch(batch_id, key, RETENTION_TTL, fields))
+        self._unsent += uncertain       # each its own write
 
     def _start(self) -> None:
         with self._lock:
@@ -359,7 +289,7 @@ class UsageLedger:
 
     def _after_fork(self) -> None:
         # The parent's counts are the parent's to write; this child starts empty.
-        self._pending, self._hashes, self._uncertain, self._unsent = {}, {}, [], []
+        self._pending, self._uncertain, self._unsent = {}, [], []
         self._lock, self._flushing = threading.Lock(), threading.Lock()
         self._wakeup = threading.Event()
         self._thread = None
@@ -368,7 +298,7 @@ class UsageLedger:
 class CallTally:
     """The count of one call: in the save script when its turn is saved, else in process."""
 
-    __slots__ = ('ledger', 'prefix', 'result', 'in_script', 'status', 'done', 'saving', 'spent')
+    __slots__ = ('ledger', 'prefix', 'result', 'in_script', 'status', 'done', 'counters', 'lock', 'spent')
 
     def __init__(self, ledger: UsageLedger, prefix: str) -> None:
         self.ledger = ledger
@@ -377,15 +307,17 @@ class CallTally:
         self.in_script = False              # the save script counted it
         self.status = ''                    # why it failed, when it did
         self.done = False                   # its 'done' event went out: whatever follows, it succeeded
-        self.saving: tuple | None = None    # (counters, the chat's lock) once its save was sent
-        self.spent = [0, 0, 0]              # input, output tokens and tool calls of the rounds answered so far
+        self.counters: SaveCounters | None = None   # what its save carries, once the save was sent
+        self.lock: Any = None               # the chat's lock that save went through
+        self.spent = dict.fromkeys(TOKEN_COUNTERS, 0)   # tokens of the rounds answered so far
+        self.spent['tool_calls'] = 0
 
-    def save_entry(self, conn_name: str, chat_id: str, result: dict, lock: Any) -> tuple:
+    def save_entry(self, conn_name: str, chat_id: str, result: dict, lock: Any) -> SaveCounters:
         """Hand this to ``lock``'s save; call :meth:`saved` once the save succeeded."""
         self.result = result
-        counters = self.ledger.save_entry(conn_name, chat_id, self.prefix, result)
-        self.saving = (counters, lock)
-        return counters
+        self.counters = self.ledger.save_entry(conn_name, chat_id, self.prefix, result)
+        self.lock = lock
+        return self.counters
 
     def saved(self) -> None:
         self.in_script = True
@@ -393,9 +325,9 @@ class CallTally:
     def answered(self, reply: Any) -> None:
         """A provider round answered: its tokens are spent, whatever happens to the call next."""
         spent = self.spent
-        spent[0] += reply.input_tokens
-        spent[1] += reply.output_tokens
-        spent[2] += len(reply.calls)
+        for name in TOKEN_COUNTERS:
+            spent[name] += getattr(reply, name, 0) or 0
+        spent['tool_calls'] += len(reply.calls)
 
     def track(self, events: Iterable) -> Iterator:
         """Pass the call's events through, and count the call once it ends, however it ends."""
@@ -423,22 +355,21 @@ class CallTally:
             return          # counted by the save script, or never started
         counts = {'calls': 1}
         if self.result is not None:
-            usage = self.result.get('usage') or {}
-            counts.update(input_tokens=int(usage.get('input_tokens') or 0),
-                          output_tokens=int(usage.get('output_tokens') or 0),
-                          tool_calls=len(self.result.get('tool_calls') or ()))
+            usage = self.result.get('usage') or _NO_USAGE
+            counts.update({name: int(usage.get(name) or 0) for name in TOKEN_COUNTERS})
+            counts['tool_calls'] = len(self.result.get('tool_calls') or ())
         else:                           # the rounds answered before it failed: their tokens were spent
-            counts.update(input_tokens=self.spent[0], output_tokens=self.spent[1], tool_calls=self.spent[2])
+            counts.update(self.spent)
         if not self.status:
             self.ledger.add(self.prefix, counts)
             return
         error = {'errors': 1, ERROR_PREFIX + self.status: 1}
         counts.update(error)
-        if self.saving is not None and self.status != LockLost.__name__:
+        if self.counters is not None and self.status != LockLost.__name__:
             # It failed (or was stopped) while its save was on its way: the save may have run, its
             # reply lost. The flush asks the chat whether it did. (LockLost: it did not.)
-            counters, lock = self.saving
-            self.ledger.add_unless_saved(counters, lock.saved_marker(), self.prefix, counts, if_saved=error)
+            self.ledger.add_unless_saved(self.counters, self.lock.saved_marker(), self.prefix, counts,
+                                         if_saved=error)
         else:
             self.ledger.add(self.prefix, counts)
 

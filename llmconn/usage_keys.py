@@ -9,7 +9,8 @@ were created::
 A hash field is ``<connection>:<model>:<key>:<counter>``, the first three
 base64url-encoded as in :mod:`llmconn.store.keys` (so ``:`` separates them
 safely); ``<key>`` is the gateway key and empty until there is one. Counters:
-``calls``, ``errors``, ``input_tokens``, ``output_tokens``, ``tool_calls`` and
+``calls``, ``errors``, the token counts of :data:`llmconn.types.USAGE_KEYS`
+(input, output, cache read and written, reasoning), ``tool_calls`` and
 ``error:<status>`` (see :func:`llmconn.usage.error_status`: the provider's
 HTTP status, ``timeout``, ``no_response``, ``cancelled``, or the class of the
 llmconn error that ended the call, such as ``ChatBusy``).
@@ -26,14 +27,15 @@ import threading
 import time as mod_time
 from typing import Any
 
-from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
-
-from llmconn.store.keys import KEY_PREFIX, encode
+from llmconn.store.keys import HASH_SLOTS, KEY_PREFIX, encode, slot_of
+from llmconn.types import USAGE_KEYS
 
 USAGE_PREFIX = f'{KEY_PREFIX}:usage:'
 RETENTION_DAYS = 400                    # a day's counts are kept for over a year
 RETENTION_TTL = RETENTION_DAYS * 86400  # the save script has it too: scripts.USAGE_TTL_S
-COUNTERS = ('calls', 'errors', 'input_tokens', 'output_tokens', 'tool_calls')
+# What a result's usage reports (llmconn.types.USAGE_KEYS), counted under the same names.
+TOKEN_COUNTERS = USAGE_KEYS
+COUNTERS = ('calls', 'errors', *TOKEN_COUNTERS, 'tool_calls')
 ERROR_PREFIX = 'error:'
 
 _slot_tags: list[str] = []
@@ -45,11 +47,11 @@ def slot_tags() -> list[str]:
     if not _slot_tags:
         with _slot_tags_lock:
             if not _slot_tags:
-                tags: list[Any] = [None] * REDIS_CLUSTER_HASH_SLOTS
-                missing, i = REDIS_CLUSTER_HASH_SLOTS, 0
+                tags: list[Any] = [None] * HASH_SLOTS
+                missing, i = HASH_SLOTS, 0
                 while missing:
                     tag = format(i, 'x')
-                    slot = key_slot(tag.encode())
+                    slot = slot_of(tag)
                     if tags[slot] is None:
                         tags[slot] = tag
                         missing -= 1
@@ -74,8 +76,3 @@ def field_prefix(conn_name: str, model: str, key: str = '') -> str:
     """``<connection>:<model>:<key>:``, encoded; a counter's name completes the field."""
     return ':'.join(encode(n) for n in (conn_name, model, key)) + ':'
 
-
-def is_cluster(client: Any) -> bool:
-    """A Redis Cluster client: its ledger hashes are per slot."""
-    from redis.cluster import RedisCluster
-    return isinstance(client, RedisCluster)

@@ -1,8 +1,8 @@
 """Reading the usage ledger back: rows per day, connection, model and key, and a text table.
 
-The ledger's hashes are found by SCAN (on a cluster redis-py's client scans
-every master) and summed across slots; see :mod:`llmconn.usage` for their
-layout. This is what ``llmconn usage`` prints and ``GET /admin`` charts.
+The ledger's hashes are found by SCAN (on every master of a cluster, see
+:func:`llmconn.store.usage.read_hashes`) and summed across slots; see
+:mod:`llmconn.usage_keys` for their layout. This is what ``llmconn usage`` prints and ``GET /admin`` charts.
 """
 
 from __future__ import annotations
@@ -11,14 +11,13 @@ import datetime as mod_datetime
 import re
 from base64 import urlsafe_b64decode
 from collections import defaultdict
+from functools import partial
 from typing import Any
 
-from redis.exceptions import RedisClusterException, RedisError
-
 from llmconn.errors import InvalidInput
+from llmconn.store.usage import read_hashes
 from llmconn.usage_keys import COUNTERS, ERROR_PREFIX, USAGE_PREFIX
 
-SCAN_COUNT = 1000
 _COLUMNS = (('day', 'DAY'), ('connection', 'CONNECTION'), ('model', 'MODEL'), ('calls', 'CALLS'),
             ('errors', 'ERRORS'), ('input_tokens', 'INPUT'), ('output_tokens', 'OUTPUT'),
             ('tool_calls', 'TOOLS'))
@@ -50,23 +49,21 @@ def read_usage(store: Any, *, since: str = '', connection: str = '') -> list[dic
     Rows are sorted by day, connection, model, key; each has the counters of
     :data:`llmconn.usage.COUNTERS` and ``errors_by_status``.
     """
-    client = store.client
     totals: dict[tuple, dict] = {}
-    try:
-        keys = [k.decode() for k in client.scan_iter(match=USAGE_PREFIX + '*', count=SCAN_COUNT)]
-        for key in keys:
-            day = key.rsplit(':', 1)[1]
-            if ':batch:' in key or len(day) != 10 or (since and day < since):
-                continue
-            _add_hash(totals, day, client.hgetall(key), connection)
-    except (RedisError, RedisClusterException) as exc:
-        raise store._error(exc) from exc
+    for key, fields in read_hashes(store, USAGE_PREFIX + '*', partial(_a_day_from, since)):
+        _add_hash(totals, key.rsplit(':', 1)[1], fields, connection)
     return [totals[k] for k in sorted(totals)]
+
+
+def _a_day_from(since: str, key: str) -> bool:
+    """A day's hash (not a batch marker), of day ``since`` or later."""
+    day = key.rsplit(':', 1)[1]
+    return ':batch:' not in key and len(day) == 10 and day >= since
 
 
 def _add_hash(totals: dict, day: str, fields: dict, connection: str) -> None:
     for field, value in fields.items():
-        parts = field.decode().split(':', 3)
+        parts = field.split(':', 3)
         if len(parts) != 4:
             continue
         conn, model, key, counter = decode(parts[0]), decode(parts[1]), decode(parts[2]), parts[3]

@@ -34,13 +34,13 @@ from functools import partial
 from typing import Any, Callable, Iterable, Iterator
 
 from gevent import GreenletExit, Timeout
-from redis.exceptions import AuthenticationError
 
 from llmconn.responses import (CHAT_BUSY_RETRY_AFTER, HTTPFailure, InvalidResponse, check_response,  # noqa: F401
                                classify, encode_event, encode_response, error_response, json_response,
                                sse_response, status_line)
 from llmconn import admin_page
 from llmconn import logs, observe
+from llmconn.errors import StoreAuthError
 from llmconn.server_limits import BODY_TIMEOUT_KEY
 from llmconn.service import new_cid, run
 
@@ -173,7 +173,7 @@ class App:
             return f'the chat store did not answer within {READY_STORE_TIMEOUT:g} s'
         except Exception as e:
             logger.warning('/ready: the chat store does not answer: %s', e)
-            if isinstance(e.__cause__, AuthenticationError):
+            if isinstance(e, StoreAuthError):
                 return 'the chat store refused its credentials (the user name and password in redis.url)'
             return 'the chat store does not answer'
         return ''

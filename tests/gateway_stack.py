@@ -20,7 +20,10 @@ from pydantic import TypeAdapter
 
 from conftest import RedisServer, free_port
 from llmconn.demo import start_server, stop
-from llmconn.gateway.ledger import Ledger, response_key
+from llmconn.store import open_store
+from llmconn.store.records import response_key
+from llmconn.usage_keys import COUNTERS, ERROR_PREFIX
+from llmconn.usage_report import read_usage
 from llmconn.testing.fake_server import FakeProviderServer
 
 KEYS = {
@@ -97,22 +100,37 @@ def streamed(client, **kw) -> tuple[list[dict], Response]:
 USAGE_WAIT = 10.0       # the servers write their usage counts in batches, about once a second
 
 
-def quiet_usage(client, tenant: str, pair: tuple) -> dict:
-    """The usage of (key id, model) once no batch of an earlier request is still on its way."""
-    counts = Ledger(client).usage(tenant).get(pair, {})
+def gateway_usage(stack, pair: tuple) -> dict:
+    """What the usage ledger holds for (gateway key id, connection): its counters and ``error:<status>``."""
+    key_id, connection = pair
+    store = open_store(stack.redis_server.url)
+    try:
+        rows = [r for r in read_usage(store, connection=connection) if r['key'] == key_id]
+    finally:
+        store.close()
+    counts = {c: sum(r[c] for r in rows) for c in COUNTERS}
+    for row in rows:
+        for status, n in row['errors_by_status'].items():
+            counts[ERROR_PREFIX + status] = counts.get(ERROR_PREFIX + status, 0) + n
+    return {name: n for name, n in counts.items() if n}
+
+
+def quiet_usage(stack, pair: tuple) -> dict:
+    """The usage of (key id, connection) once no batch of an earlier request is still on its way."""
+    counts = gateway_usage(stack, pair)
     while True:
         time.sleep(1.5)         # longer than a server's flush interval
-        again = Ledger(client).usage(tenant).get(pair, {})
+        again = gateway_usage(stack, pair)
         if again == counts:
             return counts
         counts = again
 
 
-def settled_usage(client, tenant: str, pair: tuple, ready) -> dict:
-    """The gateway's usage of (key id, model) today, once ``ready(counts)`` holds (or what it is at the wait's end)."""
+def settled_usage(stack, pair: tuple, ready) -> dict:
+    """The usage of (key id, connection), once ``ready(counts)`` holds (or what it is at the wait's end)."""
     deadline = time.monotonic() + USAGE_WAIT
     while True:
-        counts = Ledger(client).usage(tenant).get(pair, {})
+        counts = gateway_usage(stack, pair)
         if ready(counts) or time.monotonic() > deadline:
             return counts
         time.sleep(0.05)

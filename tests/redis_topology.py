@@ -226,12 +226,15 @@ class DroppingProxy:
         self.listener = socket.create_server(('127.0.0.1', 0))
         self.port = self.listener.getsockname()[1]
         self.marker: bytes | None = None
+        self.drops_left = 0
         self.dropped = 0
         self.frozen = False             # server -> client data is thrown away (never arrives)
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def drop_reply_to(self, marker: bytes) -> None:
+    def drop_reply_to(self, marker: bytes, times: int = 1) -> None:
+        """Lose the reply to the next ``times`` commands carrying ``marker`` (each on its connection)."""
+        self.drops_left = times
         self.marker = marker
 
     def _accept(self) -> None:
@@ -257,7 +260,9 @@ class DroppingProxy:
                 if not data:
                     break
                 if upstream and self.marker and self.marker in data:
-                    self.marker = None
+                    self.drops_left -= 1
+                    if self.drops_left <= 0:
+                        self.marker = None
                     state['drop'] = True
                 elif not upstream and state['drop']:
                     # Redis ran the command and answered: the answer is lost with the connection.

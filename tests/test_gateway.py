@@ -14,7 +14,8 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from gateway_stack import BACKENDS, GatewayStack, create, quiet_usage, reasoning_params, settled_usage
+from gateway_stack import (BACKENDS, GatewayStack, create, gateway_usage, quiet_usage, reasoning_params,
+                           settled_usage)
 
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 TERMINAL = ('response.completed', 'response.incomplete', 'response.failed')
@@ -99,7 +100,7 @@ def test_record_attributes_usage_to_tenant_key_and_model(gw):
 
 
 def record_key_tail(record):
-    from llmconn.gateway.ledger import tenant_digest
+    from llmconn.store.records import tenant_digest
     return tenant_digest(record['tenant'])
 
 
@@ -364,7 +365,7 @@ def test_another_tenant_cannot_delete_a_response(gw):
 
 
 def test_a_provider_failure_is_recorded_and_counted(gw):
-    before = quiet_usage(gw.redis, 'tenant-b', ('key-b', 'Claude')).get('errors', 0)
+    before = quiet_usage(gw, ('key-b', 'Claude')).get('errors', 0)
     gw.fake.fail(500, count=1)
     with pytest.raises(openai.InternalServerError) as failed:
         gw.client('b').responses.create(model='Claude', input='this fails')
@@ -372,25 +373,25 @@ def test_a_provider_failure_is_recorded_and_counted(gw):
     failed_ids = [k for k in gw.redis.scan_iter('llmconn:gw:resp:*')
                   if b'"status": "failed"' in gw.redis.get(k) and b'tenant-b' in gw.redis.get(k)]
     assert failed_ids
-    usage = settled_usage(gw.redis, 'tenant-b', ('key-b', 'Claude'), lambda u: u.get('errors', 0) > before)
+    usage = settled_usage(gw, ('key-b', 'Claude'), lambda u: u.get('errors', 0) > before)
     assert usage['errors'] == before + 1
 
 
-def test_daily_usage_is_attributed_per_tenant_key_and_model(gw):
-    from llmconn.gateway.ledger import Ledger
-    ledger = Ledger(gw.redis)
-    before = quiet_usage(gw.redis, 'tenant-b', ('key-b', 'Gemini'))
+def test_daily_usage_is_attributed_per_key_and_model_in_the_one_ledger(gw):
+    before = quiet_usage(gw, ('key-b', 'Gemini'))
+    other_key = gateway_usage(gw, ('key-a', 'Gemini'))       # quiet too: every process flushed meanwhile
     response = create(gw.client('b'), model='Gemini', input='one two three')
     completion = gw.client('b', process=1).chat.completions.create(
         model='Gemini', messages=[{'role': 'user', 'content': 'four five'}])
-    after = settled_usage(gw.redis, 'tenant-b', ('key-b', 'Gemini'),
-                          lambda u: u.get('requests', 0) >= before.get('requests', 0) + 2)
-    assert after['requests'] - before.get('requests', 0) == 2
+    after = settled_usage(gw, ('key-b', 'Gemini'),
+                          lambda u: u.get('calls', 0) >= before.get('calls', 0) + 2)
+    assert after['calls'] - before.get('calls', 0) == 2
     assert after['input_tokens'] - before.get('input_tokens', 0) == \
         response.usage.input_tokens + completion.usage.prompt_tokens
     assert after['output_tokens'] - before.get('output_tokens', 0) == \
         response.usage.output_tokens + completion.usage.completion_tokens
-    assert ('key-b', 'Gemini') not in ledger.usage('tenant-a')
+    assert gateway_usage(gw, ('key-a', 'Gemini')) == other_key      # another key's, of another tenant
+    assert list(gw.redis.scan_iter('llmconn:gw:usage:*')) == []      # no second ledger
 
 
 def test_gateway_calls_count_in_the_operations_usage_ledger_under_their_key(gw):

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gateway_stack import GatewayStack, quiet_usage, settled_usage
+from gateway_stack import GatewayStack, gateway_usage, quiet_usage, settled_usage
 
 WORDS = 5000                 # about 25 s of stream: the test never sees its end
 WORD_PAUSE = 0.005
@@ -114,20 +114,19 @@ def test_a_chat_completion_stream_the_client_leaves_is_counted_cancelled(setup):
     assert slow.hung_up.wait(WAIT)
 
     def cancelled():
-        from llmconn.gateway.ledger import Ledger
-        usage = Ledger(stack.redis).usage('tenant-a').get(('key-a', 'Slow'), {})
-        return usage if usage.get('cancelled') else None
+        usage = gateway_usage(stack, ('key-a', 'Slow'))
+        return usage if usage.get('error:cancelled') else None
 
     usage = wait_for(cancelled, 'the cancelled completion to be counted')
     # The tokens it streamed count, estimated from the text (as the Responses route records them).
-    assert usage['cancelled'] >= 1 and usage.get('output_tokens', 0) >= 1
+    assert usage['error:cancelled'] >= 1 and usage.get('output_tokens', 0) >= 1
 
 
 def test_a_redis_outage_is_a_503_in_openai_shape_without_a_traceback():
     stack = GatewayStack(processes=1)
     try:
         first = stack.client().responses.create(model='Chat', input='before the outage')
-        settled_usage(stack.redis, 'tenant-a', ('key-a', 'Chat'), lambda u: u.get('requests', 0) >= 1)
+        settled_usage(stack, ('key-a', 'Chat'), lambda u: u.get('calls', 0) >= 1)
         stack.redis_server.stop()
         import openai
         with pytest.raises(openai.InternalServerError) as failed:
@@ -143,9 +142,9 @@ def test_a_redis_outage_is_a_503_in_openai_shape_without_a_traceback():
         # Chat Completions keep no state: they still answer, and their usage is counted once Redis is back.
         stack.client().chat.completions.create(model='Chat', messages=[{'role': 'user', 'content': 'still here'}])
         stack.redis_server.start()          # same port, empty: only what was kept in process can show up
-        counts = settled_usage(stack.redis, 'tenant-a', ('key-a', 'Chat'), lambda u: u.get('requests', 0) >= 1)
-        assert counts.get('requests') == 1
-        assert quiet_usage(stack.redis, 'tenant-a', ('key-a', 'Chat')).get('requests') == 1      # once
+        counts = settled_usage(stack, ('key-a', 'Chat'), lambda u: u.get('calls', 0) >= 1)
+        assert counts.get('calls') == 1
+        assert quiet_usage(stack, ('key-a', 'Chat')).get('calls') == 1      # once
     finally:
         stack.close()
 

@@ -207,47 +207,47 @@ def test_a_cut_short_answer_is_incomplete_on_every_kind(kind, raw, expected):
     assert make_provider(kind).finish(raw) == expected
 
 
-# ---- the ledger's Redis client
+# ---- the response records' Redis client
 
-def test_a_burst_beyond_the_ledgers_connections_waits_instead_of_failing(redis_url, unique):
+def test_a_burst_beyond_the_records_connections_waits_instead_of_failing(redis_url, unique):
     import threading
 
     import redis
 
-    from llmconn.gateway import ledger as mod_ledger
     from llmconn.store import open_store
+    from llmconn.store import records as mod_records
 
     store = open_store(redis_url)
-    client = mod_ledger.ledger_client(store)
-    assert isinstance(client.connection_pool, redis.BlockingConnectionPool)
-    book = mod_ledger.Ledger(client)
-    failures, start = [], threading.Barrier(mod_ledger.MAX_CONNECTIONS + 50)
+    book = mod_records.RecordStore(store)
+    assert isinstance(book._client.connection_pool, redis.BlockingConnectionPool)
+    n = mod_records.MAX_CONNECTIONS + 50
+    failures, start, ids = [], threading.Barrier(n), [mod_records.new_response_id() for _ in range(n)]
 
-    def save(n):
+    def save(response_id):
         start.wait()
         try:
-            book.save({'id': mod_ledger.new_response_id(), 'tenant': unique, 'key_id': 'k', 'model': 'm',
-                       'status': 'completed', 'usage': {'input_tokens': 1}, 'created_at': 0}, 5, count_usage=True)
+            book.save({'id': response_id, 'tenant': unique, 'key_id': 'k', 'model': 'm', 'status': 'completed',
+                       'created_at': 0}, 5)
         except Exception as e:
             failures.append(e)
 
-    threads = [threading.Thread(target=save, args=(n,)) for n in range(mod_ledger.MAX_CONNECTIONS + 50)]
+    threads = [threading.Thread(target=save, args=(i,)) for i in ids]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert failures == []
-    assert book.usage(unique, '1970-01-01')[('k', 'm')]['requests'] == mod_ledger.MAX_CONNECTIONS + 50
-    client.close()
+    assert all(book.get(unique, i)['id'] == i for i in ids)
+    book.close()
     store.close()
 
 
 def test_the_embedded_store_keeps_its_own_client():
-    from llmconn.gateway import ledger as mod_ledger
     from llmconn.store import open_store
+    from llmconn.store import records as mod_records
 
     store = open_store('memory://gateway-test')
-    assert mod_ledger.ledger_client(store) is mod_ledger.store_client(store)
+    assert mod_records.burst_client(store) is store.client
     store.close()
 
 

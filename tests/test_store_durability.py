@@ -11,6 +11,7 @@ from llmconn.errors import LockLost, StoreError
 from llmconn.store import open_store
 from llmconn.types import Turn
 from llmconn.store.keys import chat_keys
+from llmconn.store.lock import SaveCounters
 from redis_topology import DroppingProxy, Servers, free_ports, replica_online
 
 TTL = 5.0
@@ -41,15 +42,48 @@ def test_a_save_whose_reply_was_lost_is_reported_saved_and_stored_once(proxy, un
         store.close()
 
 
+def test_a_save_whose_reply_was_lost_twice_in_a_row_is_reported_saved_and_stored_once(proxy, unique):
+    # The runner re-sends once on a fresh connection; that reply is lost too. The store sends it
+    # again: it finds its token among the saved ones, and says saved (SPEC §10).
+    store = open_store(f'redis://127.0.0.1:{proxy.port}/0')
+    try:
+        store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(turn('before'), expiry=60,
+                                                                             max_turns=10)
+        lock = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+        proxy.drop_reply_to(b'DROP-THESE-REPLIES', times=2)
+        lock.save(turn('DROP-THESE-REPLIES'), expiry=60, max_turns=10)
+        assert proxy.dropped == 2
+        assert [t.user for t in store.history(unique, 'c')] == ['before', 'DROP-THESE-REPLIES']
+        store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0).release()     # and the chat is free
+    finally:
+        store.close()
+
+
+def test_a_save_that_never_gets_an_answer_says_it_may_have_been_saved(proxy, unique):
+    store = open_store(f'redis://127.0.0.1:{proxy.port}/0')
+    store._sleep = lambda s: None
+    try:
+        store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(turn('before'), expiry=60,
+                                                                             max_turns=10)
+        lock = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+        proxy.drop_reply_to(b'NEVER-ANSWERED', times=100)
+        with pytest.raises(StoreError, match='may have been saved') as info:
+            lock.save(turn('NEVER-ANSWERED'), expiry=60, max_turns=10)
+        assert not isinstance(info.value, LockLost)
+        assert [t.user for t in store.history(unique, 'c')] == ['before', 'NEVER-ANSWERED']     # it was, once
+    finally:
+        store.close()
+
+
 def test_a_resent_save_is_recognised_after_another_call_saved_in_between(redis_url, unique):
     store = open_store(redis_url)
     try:
         first = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
         args = (first._token, b'{"u":"first","a":"ok"}', 10, 60000, b'0', b'')
-        assert store._finish(first._keys, args, durable=True) == 1
+        assert store.finish(first._keys, args, durable=True) == 1
         store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(turn('second'), expiry=60,
                                                                              max_turns=10)
-        assert store._finish(first._keys, args, durable=True) == 2       # the re-send: already saved
+        assert store.finish(first._keys, args, durable=True) == 2       # the re-send: already saved
         assert [t.user for t in store.history(unique, 'c')] == ['first', 'second']
     finally:
         store.close()
@@ -169,10 +203,11 @@ def test_counters_count_once_per_saved_turn_even_when_the_save_is_resent(proxy, 
         keys = chat_keys(unique, 'c')
         ledger = keys.beside('usage')
         store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(
-            turn('one'), expiry=60, max_turns=10, counters=(ledger, {'calls': 1, 'tokens': 7}))
+            turn('one'), expiry=60, max_turns=10, counters=SaveCounters(ledger, {'calls': 1, 'tokens': 7}))
         proxy.drop_reply_to(b'DROP-THIS-REPLY')
         store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(
-            turn('DROP-THIS-REPLY'), expiry=60, max_turns=10, counters=(ledger, {'calls': 1, 'tokens': 5}))
+            turn('DROP-THIS-REPLY'), expiry=60, max_turns=10,
+            counters=SaveCounters(ledger, {'calls': 1, 'tokens': 5}))
         assert proxy.dropped == 1
         assert store._runner.client.hgetall(ledger) == {b'calls': b'2', b'tokens': b'12'}
     finally:
@@ -188,7 +223,7 @@ def test_a_counter_field_with_a_space_is_refused_before_anything_is_saved(redis_
         ledger = chat_keys(unique, 'c').beside('usage')
         with pytest.raises(ValueError, match='without spaces'):
             with store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL) as lock:
-                lock.save(turn('one'), expiry=60, max_turns=10, counters=(ledger, {field: 7}))
+                lock.save(turn('one'), expiry=60, max_turns=10, counters=SaveCounters(ledger, {field: 7}))
         assert store.history(unique, 'c') == []
         assert store._runner.client.exists(ledger) == 0
         store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0).release()    # the chat is free again
@@ -202,7 +237,8 @@ def test_counters_with_the_hash_expiry_set_it_once_on_the_first_new_field(redis_
         ledger = chat_keys(unique, 'c').beside('usage')
         for n in (3, 4):
             store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(
-                turn(f'{n}'), expiry=60, max_turns=10, counters=(ledger, {'calls': 1, 'input_tokens': n}, 1000))
+                turn(f'{n}'), expiry=60, max_turns=10,
+                counters=SaveCounters(ledger, {'calls': 1, 'input_tokens': n}, 1000))
             if n == 3:
                 store._runner.client.expire(ledger, 5000)       # a later save must not reset it
         client = store._runner.client
@@ -221,7 +257,7 @@ def test_each_save_counts_its_own_numbers_whatever_its_fields_hold(redis_url, un
         for n, counts in ((3, {'calls': 1, 'in%d%%': 3}), (4, {'calls': 1, 'in%d%%': 40}),
                           (5, {'calls': 1, 'in%d%%': 500, 'tools': 2})):
             store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).save(
-                turn(f'{n}'), expiry=60, max_turns=10, counters=(ledger, counts))
+                turn(f'{n}'), expiry=60, max_turns=10, counters=SaveCounters(ledger, counts))
         assert store._runner.client.hgetall(ledger) == {b'calls': b'3', b'in%d%%': b'543', b'tools': b'2'}
     finally:
         store.close()

@@ -230,14 +230,14 @@ def test_with_block_releases_on_error(store, unique):
             raise RuntimeError('provider failed')
     store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0).release()
     assert store.history(unique, 'c') == []
-    assert not store._held                  # nothing left for the renewer
+    assert not store.held()                  # nothing left for the renewer
 
 
 def test_repeated_begin_of_the_same_call_does_not_wait_for_itself(store, unique):
     # An ACQUIRE re-sent after its reply was lost finds its own token and counts as taken.
     lock = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
     keys = chat_keys(unique, 'c')
-    reply = store._script('acquire', (keys.lock, keys.turns, keys.queue, keys.seq), (lock._token, 5000, 5, 0, b''))
+    reply = store.script('acquire', (keys.lock, keys.turns, keys.queue, keys.seq), (lock._token, 5000, 5, 0, b''))
     assert reply[0] == 1
     lock.release()
 
@@ -343,7 +343,7 @@ def test_a_waiter_that_gives_up_leaves_the_queue(store, other, unique, redis_cli
 def test_a_lock_handed_to_a_waiter_as_it_gives_up_goes_to_the_next(store, other, unique, redis_client):
     keys = chat_keys(unique, 'c')
     holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
-    reply = other._script('acquire', (keys.lock, keys.turns, keys.queue, keys.seq), ('aa11', 5000, 5, 5000, b''))
+    reply = other.script('acquire', (keys.lock, keys.turns, keys.queue, keys.seq), ('aa11', 5000, 5, 5000, b''))
     holder.release()                                   # hands the lock to aa11, which is giving up
     assert redis_client.get(keys.lock) == b'aa11'
     from llmconn.store.lock import _leave
@@ -371,3 +371,4 @@ def test_a_cancelled_waiter_leaves_the_queue(store, other, unique, redis_client)
     assert redis_client.llen(keys.queue) == 0
     holder.release()
     assert not redis_client.exists(keys.lock)          # nobody was handed a lock it would never claim
+

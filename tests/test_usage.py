@@ -16,7 +16,8 @@ from redis.crc import key_slot
 from llmconn import ChatBusy, LLMError, LockLost, Registry, StoreError, ToolLoopLimit
 from llmconn.store.keys import chat_keys
 from llmconn.usage import UsageLedger
-from llmconn.usage_keys import ledger_key, slot_tags
+from llmconn.store.usage import Batch, UsageStore
+from llmconn.usage_keys import RETENTION_TTL, ledger_key, slot_tags
 from llmconn.usage_report import format_table, parse_day, read_usage
 
 HERE = Path(__file__).resolve().parent
@@ -132,8 +133,9 @@ def test_a_batch_sent_again_after_a_lost_reply_is_counted_once(open_registry, re
     ledger = registry.usage
     prefix = ledger.prefix(unique, 'm')
     fields = {prefix + 'calls': 2, prefix + 'input_tokens': 7}
-    ledger._write('batch-1' + unique, '2026-01-02', fields)
-    ledger._write('batch-1' + unique, '2026-01-02', fields)     # the same batch, as after a lost reply
+    batch = Batch('batch-1' + unique, ledger_key('2026-01-02'), RETENTION_TTL, fields)
+    assert UsageStore(registry.store).write(batch) == 1
+    assert UsageStore(registry.store).write(batch) == 0     # the same batch, as after a lost reply
     rows = read_usage(registry.store, connection=unique)
     assert [(r['day'], r['calls'], r['input_tokens']) for r in rows] == [('2026-01-02', 2, 7)]
 
@@ -141,7 +143,7 @@ def test_a_batch_sent_again_after_a_lost_reply_is_counted_once(open_registry, re
 def test_a_turn_whose_save_failed_is_still_counted_once(open_registry, redis_url, provider, unique, monkeypatch):
     registry = open_registry(_config(redis_url, provider, unique))
     store = registry.store
-    monkeypatch.setattr(store, '_finish', lambda *args, **kwargs: 0)     # the lock was lost meanwhile
+    monkeypatch.setattr(store, 'finish', lambda *args, **kwargs: 0)     # the lock was lost meanwhile
     with pytest.raises(LockLost):
         result = registry[unique].invoke('hello')       # what the chat's provider call answers
         registry[unique].chat('hello', chat_id='c1')
@@ -160,13 +162,13 @@ def test_a_save_that_failed_with_its_outcome_unknown_is_counted_once(open_regist
     # script ran. The ledger asks the chat (its saved tokens) and counts the call once either way.
     registry = open_registry(_config(redis_url, provider, unique))
     store = registry.store
-    finish = store._finish
+    finish = store.finish
 
     def lost_reply(*args, **kwargs):
         if ran:
             finish(*args, **kwargs)
         raise StoreError('Chat store failed (reply lost, test)')
-    monkeypatch.setattr(store, '_finish', lost_reply)
+    monkeypatch.setattr(store, 'finish', lost_reply)
     with pytest.raises(StoreError):
         registry[unique].chat('hello', chat_id='c1')
     monkeypatch.undo()
@@ -185,14 +187,14 @@ def test_a_save_still_in_flight_when_the_call_is_settled_cannot_land_afterwards(
     # first, so the late save finds it taken and writes nothing: no turn, no second count.
     registry = open_registry(_config(redis_url, provider, unique))
     store = registry.store
-    finish, held = store._finish, []
+    finish, held = store.finish, []
 
     def held_up(keys, args, **kwargs):
         if args[1]:                                     # the save (a release has no turn)
             held.append((keys, args, kwargs))
             raise StoreError('Chat store failed (timed out, test)')
         return finish(keys, args, **kwargs)
-    monkeypatch.setattr(store, '_finish', held_up)
+    monkeypatch.setattr(store, 'finish', held_up)
     with pytest.raises(StoreError):
         registry[unique].chat('hello', chat_id='c1')
     monkeypatch.undo()
@@ -212,14 +214,14 @@ def test_a_call_stopped_while_its_save_ran_is_counted_once(open_registry, redis_
     # the call; the flush finds its token and adds only the stop.
     registry = open_registry(_config(redis_url, provider, unique))
     store = registry.store
-    finish = store._finish
+    finish = store.finish
 
     def interrupted(keys, args, **kwargs):
         result = finish(keys, args, **kwargs)
         if args[1]:
             raise KeyboardInterrupt
         return result
-    monkeypatch.setattr(store, '_finish', interrupted)
+    monkeypatch.setattr(store, 'finish', interrupted)
     with pytest.raises(KeyboardInterrupt):
         registry[unique].chat('hello', chat_id='c1')
     monkeypatch.undo()
@@ -258,9 +260,9 @@ def test_an_uncertain_save_written_twice_is_counted_once(open_registry, redis_ur
                             {'calls': 1, 'input_tokens': 5, 'errors': 1, 'error:StoreError': 1},
                             if_saved={'errors': 1, 'error:StoreError': 1})
     ledger._cut_batches()
-    [entry] = ledger._unsent
-    ledger._write(*entry)
-    ledger._write(*entry)                                           # sent again after a lost reply
+    [batch] = ledger._unsent
+    assert UsageStore(registry.store).write(batch) == 1             # not saved: all of it
+    assert UsageStore(registry.store).write(batch) == 0             # sent again after a lost reply
     [row] = read_usage(registry.store, connection=unique)
     assert (row['calls'], row['input_tokens'], row['errors']) == (1, 5, 1)
 
@@ -348,7 +350,7 @@ def test_on_a_cluster_the_ledger_hash_a_save_writes_lives_in_the_chats_slot(open
     ledger._cluster = True
     for i in range(200):
         chat_key = chat_keys(unique, f'user-{i}').turns
-        key = ledger.save_entry(unique, f'user-{i}', ledger.prefix(unique, 'm'), {'usage': {}})[0]
+        key = ledger.save_entry(unique, f'user-{i}', ledger.prefix(unique, 'm'), {'usage': {}}).key
         assert key_slot(key.encode()) == key_slot(chat_key.encode())
     tags = slot_tags()
     assert len(tags) == 16384 and all(key_slot(ledger_key('2026-01-01', s).encode()) == s for s in (0, 9999, 16383))

@@ -11,11 +11,13 @@ into that named loss (``fallback_policy``). Modules, one concern each:
     dispatch.py          sending a Responses call and recording it, plain or streamed
     items.py             canonical conversation items and how they become a provider request
     backend.py           a request as a CallSpec through Connection.run, the library's one entry
-    ledger.py            the state ledger and usage records in Redis
     responses.py         POST/GET/DELETE /v1/responses: request parsing, Response objects
     stream.py            the Responses and Chat Completions event streams (the normalizer)
     chat_completions.py  POST /v1/chat/completions, stateless
     routes.py            HTTP routing, authentication, OpenAI-shaped errors
+
+Response records live in :mod:`llmconn.store.records`; usage counts in the
+one ledger (:mod:`llmconn.usage`) under each call's gateway key.
 
 :func:`llmconn.gateway.routes.handle` is what :mod:`llmconn.wsgi` calls for
 paths under ``/v1/``.

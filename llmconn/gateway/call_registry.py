@@ -34,7 +34,7 @@ from typing import Any
 
 from llmconn import items as canon
 from llmconn.gateway.items import CALL_TYPES
-from llmconn.gateway.ledger import Ledger, tenant_digest
+from llmconn.store.records import RecordStore, tenant_digest
 
 RETENTION = 'standard'      # the only retention under which the registry keeps anything
 
@@ -48,7 +48,7 @@ def call_key(tenant: str, call_id: str) -> str:
 class Registry:
     """The registry of one key's tenant; ``keeps`` is False under zero retention (it keeps and finds nothing)."""
 
-    client: Any
+    records: RecordStore
     tenant: str
     ttl: float
     keeps: bool
@@ -59,8 +59,7 @@ class Registry:
         if not self.keeps or not calls or not any('native' in s for s in steps):
             return
         value = json.dumps({'tag': tag, 'steps': steps}, ensure_ascii=False)
-        Ledger._run(self.client.set, call_key(self.tenant, calls[0]['call_id']), value, None,
-                    max(1, int(self.ttl * 1000)))
+        self.records.put(call_key(self.tenant, calls[0]['call_id']), value, self.ttl)
 
     def answers(self, groups: list[list[dict]]) -> list[dict | None]:
         """The stored answer each group (one answer's gateway items) is, or None; in one round trip."""
@@ -69,7 +68,7 @@ class Registry:
         if not self.keeps or not asked:
             return [None] * len(groups)
         # One hash slot per tenant ({tenant digest}): a single MGET, in a Redis Cluster too.
-        raws = Ledger._run(self.client.mget, [call_key(self.tenant, sent[i][0][0]) for i in asked])
+        raws = self.records.values([call_key(self.tenant, sent[i][0][0]) for i in asked])
         found: list[dict | None] = [None] * len(groups)
         for i, raw in zip(asked, raws):
             found[i] = _match(groups[i], sent[i], json.loads(raw)) if raw else None
@@ -93,7 +92,7 @@ def _match(said: list[dict], sent: list[tuple], stored: dict) -> dict | None:
 
 def of(gw: Any, key: Any) -> Registry:
     """The registry of ``key``'s tenant in the gateway's store."""
-    return Registry(gw.ledger.client, key.tenant, gw.config.response_expiry, key.retention == RETENTION)
+    return Registry(gw.ledger, key.tenant, gw.config.response_expiry, key.retention == RETENTION)
 
 
 def remember(gw: Any, key: Any, steps: list[dict], tag: str) -> None:

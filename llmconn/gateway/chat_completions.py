@@ -6,8 +6,8 @@ the client answers them with ``role: tool`` messages in its next request,
 which carries the whole conversation (joined to the calls by id, strictly,
 before dispatch). Nothing of a completion is stored but, under standard
 retention, the provider items its tool calls need replayed
-(:mod:`llmconn.gateway.call_registry`), and only the day's usage counters of the
-tenant, key and model are updated. Streams are ``chat.completion.chunk``
+(:mod:`llmconn.gateway.call_registry`); its usage counts in the usage
+ledger under the connection and the gateway key, as every call does. Streams are ``chat.completion.chunk``
 objects ending in ``data: [DONE]``; ``stream_options.include_usage`` adds
 the final chunk with ``choices: []`` and the usage, as OpenAI does. A
 stream the client leaves is counted ``cancelled`` with the output tokens
@@ -98,14 +98,9 @@ def _usage(reply: Any) -> dict:
 
 def complete(gw: Any, call: ChatCall) -> dict:
     events = _events(call)      # checked now; the backend is reached below
-    try:
-        reply = backend.answer(events)
-    except LLMConnError:
-        _count(gw, call, 'failed', None)
-        raise
+    reply = backend.answer(events)
     status, _ = backend.finish(call.conn, reply.raw)
     calls = _remember(gw, call, reply)
-    _count(gw, call, status, reply, calls)
     message: dict = {'role': 'assistant', 'content': reply.text or (None if calls else ''), 'refusal': None}
     if reply.thinking:
         message['reasoning_content'] = reply.thinking
@@ -119,11 +114,7 @@ def complete(gw: Any, call: ChatCall) -> dict:
 
 def stream(gw: Any, call: ChatCall) -> Iterator[bytes]:
     events = _events(call)
-    try:
-        first = next(events)
-    except LLMConnError:
-        _count(gw, call, 'failed', None)
-        raise
+    first = next(events)
     return _body(gw, call, ChatChunks(call.id, call.created, call.model, call.include_usage),
                  itertools.chain([first], events), events)
 
@@ -141,14 +132,12 @@ def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provide
             status, _ = backend.finish(call.conn, event.reply.raw)
             ended = True
             calls = _remember(gw, call, event.reply)
-            _count(gw, call, status, event.reply, calls)
             for chunk in chunks.finish(event.reply.text, _finish_reason(status, calls), _usage(event.reply),
                                        call.extra(), calls):
                 yield chat_sse(chunk)
             return
     except LLMConnError as e:
         ended = True
-        _count(gw, call, 'failed', None)
         # Chat Completions has no failure event: OpenAI sends an error object in the stream and stops.
         yield chat_sse({'error': {'message': bounded(str(e)), 'type': 'server_error', 'param': None, 'code': None}})
     finally:
@@ -156,7 +145,9 @@ def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provide
         if not ended:
             logger.info('Completion %s cancelled by the client after %d streamed characters; its usage is '
                         'estimated', call.id, chunks.streamed_chars)
-            _count(gw, call, 'cancelled', None, estimated=estimated_usage(chunks.streamed_chars))
+            # Its call counts as cancelled in the ledger; the tokens it streamed are only estimated here.
+            gw.registry.usage.add_estimate(call.conn.name, call.conn.conf.model, call.key.id,
+                                           estimated_usage(chunks.streamed_chars))
 
 
 def _remember(gw: Any, call: ChatCall, reply: Any) -> list:
@@ -169,13 +160,3 @@ def _remember(gw: Any, call: ChatCall, reply: Any) -> list:
                      call.model, e)
     return backend.calls(steps)
 
-
-def _count(gw: Any, call: ChatCall, status: str, reply: Any, calls: list = (),
-           estimated: dict | None = None) -> None:
-    usage = reply.usage if reply is not None else estimated or {}
-    try:
-        gw.ledger.count({'tenant': call.key.tenant, 'key_id': call.key.id, 'model': call.model,
-                         'status': status, 'usage': usage, 'created_at': call.created,
-                         'tool_calls': mod_tools.registry(calls)})
-    except StoreError as e:
-        logger.error('Could not count usage of a completion of %s: %s', call.model, e)

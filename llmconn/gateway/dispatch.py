@@ -67,7 +67,7 @@ def respond(gw: Any, call: Call) -> dict:
     call_registry.remember_answer(gw, call, answer)
     output = output_items(reply.thinking, reply.text, status, calls, sealed_answer(call.sealer, answer), call.custom)
     gw.ledger.save(record(call, status, usage, output, provider_id=reply.response_id, answer=answer,
-                          reason=reason, calls=calls), call.expiry, count_usage=True)
+                          reason=reason, calls=calls), call.expiry)
     return response_object(call, status, output, usage, reason=reason)
 
 
@@ -100,7 +100,7 @@ def _body(gw: Any, call: Call, normalizer: ResponseEvents, events: Iterator, pro
             closing = normalizer.finish(reply.text, response_object(call, status, [], usage, reason=reason),
                                         [call_item(c, call.custom) for c in calls], sealed_answer(call.sealer, answer))
             gw.ledger.save(record(call, status, usage, normalizer.output, provider_id=reply.response_id,
-                                  answer=answer, reason=reason, calls=calls), call.expiry, count_usage=True)
+                                  answer=answer, reason=reason, calls=calls), call.expiry)
             ended = True
             for out in closing:
                 yield sse(out)
@@ -118,12 +118,13 @@ def _body(gw: Any, call: Call, normalizer: ResponseEvents, events: Iterator, pro
             logger.info('Response %s cancelled by the client after %d streamed characters', call.id,
                         normalizer.streamed_chars)
             _save_quietly(gw, record(call, 'cancelled', usage, normalizer.partial_output()), call)
+            gw.registry.usage.add_estimate(call.conn.name, call.conn.conf.model, call.key.id, usage)
 
 
 def _save_quietly(gw: Any, rec: dict, call: Call) -> None:
     """Record an ending that has no one left to report a store failure to."""
     try:
-        gw.ledger.save(rec, call.expiry, count_usage=True)
+        gw.ledger.save(rec, call.expiry)
     except StoreError as e:
         logger.error('Could not record response %s as %s: %s', call.id, rec['status'], e)
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from llmconn.errors import GatewayError
 from llmconn.gateway.echo import shown
-from llmconn.gateway.ledger import Ledger, response_key, tenant_digest
+from llmconn.store.records import RecordStore, response_key, tenant_digest
 
 
 def _keys(tenant: str, chain: str) -> tuple[str, str]:
@@ -56,12 +56,7 @@ def lineage(previous: dict | None) -> list[str]:
 def join(gw: Any, tenant: str, previous: dict, response_id: str) -> None:
     """Add a new response continuing ``previous`` to its chain (before it can hold any of the chain's text)."""
     members, deleted = _keys(tenant, chain_of(previous))
-    ttl = max(1, int(gw.config.response_expiry * 1000))
-    pipe = gw.ledger.client.pipeline(transaction=False)
-    pipe.sadd(members, response_id)
-    pipe.pexpire(members, ttl)
-    pipe.pexpire(deleted, ttl)
-    Ledger._run(pipe.execute)
+    gw.ledger.add_member(members, response_id, gw.config.response_expiry, deleted)
 
 
 def check(gw: Any, tenant: str, previous: dict) -> None:
@@ -69,8 +64,7 @@ def check(gw: Any, tenant: str, previous: dict) -> None:
     ancestors = previous.get('lineage') or ()
     if not ancestors:
         return
-    gone = Ledger._run(gw.ledger.client.smembers, _keys(tenant, chain_of(previous))[1])
-    gone = {g.decode() if isinstance(g, bytes) else g for g in gone}
+    gone = gw.ledger.members(_keys(tenant, chain_of(previous))[1])
     forgotten = [a for a in ancestors if a in gone]
     if forgotten:
         raise GatewayError(f'previous response {shown(previous["id"])} continues response {shown(forgotten[0])}, '
@@ -82,24 +76,19 @@ def check(gw: Any, tenant: str, previous: dict) -> None:
 def forget(gw: Any, tenant: str, record: dict) -> None:
     """Delete ``record``'s response and its content from every response continuing it."""
     members, deleted = _keys(tenant, chain_of(record))
-    client = gw.ledger.client
-    pipe = client.pipeline(transaction=False)
-    pipe.sadd(deleted, record['id'])
-    pipe.pexpire(deleted, max(1, int(gw.config.response_expiry * 1000)))
-    pipe.smembers(members)
-    found = Ledger._run(pipe.execute)[-1]
-    for member in found:
-        _scrub(client, tenant, member.decode() if isinstance(member, bytes) else member, record['id'])
+    gw.ledger.add_member(deleted, record['id'], gw.config.response_expiry)
+    for member in gw.ledger.members(members):
+        _scrub(gw.ledger, tenant, member, record['id'])
     gw.ledger.delete(tenant, record['id'])
 
 
-def _scrub(client: Any, tenant: str, response_id: str, deleted_id: str) -> None:
+def _scrub(records: RecordStore, tenant: str, response_id: str, deleted_id: str) -> None:
     """Drop the kept conversation of a response that continues ``deleted_id`` (its expiry kept), once."""
     key = response_key(tenant, response_id)
-    raw = Ledger._run(client.get, key)
+    raw = records.value(key)
     rec = json.loads(raw) if raw else None
     if rec is None or deleted_id not in (rec.get('lineage') or ()) or 'forgotten' in rec:
         return
     rec.pop('context', None)
     rec['forgotten'] = deleted_id       # the first deleted response of its lineage
-    Ledger._run(lambda: client.set(key, json.dumps(rec, ensure_ascii=False), xx=True, keepttl=True))
+    records.replace(key, json.dumps(rec, ensure_ascii=False))

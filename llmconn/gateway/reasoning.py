@@ -53,7 +53,6 @@ from typing import Any
 
 from llmconn import items as canon
 from llmconn.errors import GatewayError
-from llmconn.gateway.ledger import Ledger
 
 ENCRYPTED_REASONING = 'reasoning.encrypted_content'
 FORMAT = 'llmconn.r1'
@@ -142,14 +141,12 @@ def _agreed(gw: Any) -> bytes:
     process needs it first stores it (SET NX, then read back, so concurrent ones agree), and it offers
     the secret it knew before, so items sealed before the restart stay valid when that process is first.
     """
-    client = gw.ledger.client
-    stored = Ledger._run(client.get, SECRET_KEY)
+    stored = gw.ledger.value(SECRET_KEY)
     if stored is None:
         known = _secrets.get(gw)
-        offer = known.hex() if known is not None else secrets.token_hex(SECRET_BYTES)
-        Ledger._run(client.set, SECRET_KEY, offer, None, None, True)     # NX
-        stored = Ledger._run(client.get, SECRET_KEY)
-    secret = _secrets[gw] = bytes.fromhex(stored.decode() if isinstance(stored, bytes) else stored)
+        gw.ledger.put_new(SECRET_KEY, known.hex() if known is not None else secrets.token_hex(SECRET_BYTES))
+        stored = gw.ledger.value(SECRET_KEY)
+    secret = _secrets[gw] = bytes.fromhex(stored)
     return secret
 
 

@@ -35,7 +35,7 @@ from llmconn.gateway import tools as mod_tools
 from llmconn.gateway.capabilities import RESPONSES
 from llmconn.gateway.echo import shown, shown_all
 from llmconn.gateway.policy import Policy, check_history, resolve
-from llmconn.gateway.ledger import new_response_id
+from llmconn.store.records import new_response_id
 from llmconn.gateway.stream import message_item, reasoning_item
 
 logger = logging.getLogger('llmconn.gateway')

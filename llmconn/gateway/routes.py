@@ -27,8 +27,8 @@ from llmconn.gateway import chat_completions, dispatch, forget, input_items, res
 from llmconn.gateway.capabilities import CHAT, RESPONSES
 from llmconn.gateway.echo import MAX_PARAM_CHARS, bounded, shown
 from llmconn.gateway.keys import GatewayConfig, bearer_token, find_key
-from llmconn.gateway.ledger import Ledger, ledger_client
 from llmconn.responses import HTTPFailure
+from llmconn.store.records import RecordStore
 
 logger = logging.getLogger('llmconn.gateway')
 
@@ -46,7 +46,7 @@ class Gateway:
 
     def __init__(self, registry: Any) -> None:
         self.registry = registry
-        self.ledger = Ledger(ledger_client(registry.store), usage=registry.usage)
+        self.ledger = RecordStore(registry.store)     # response records; usage counts in registry.usage
 
     @property
     def config(self) -> GatewayConfig:

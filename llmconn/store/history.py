@@ -18,6 +18,7 @@ import os
 import threading
 import time as mod_time
 import weakref
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
@@ -25,7 +26,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmconn import observe
-from llmconn.errors import ChatBusy, StoreError
+from llmconn.errors import ChatBusy, StoreAuthError, StoreError
+from llmconn.redact import scrub
 from llmconn.store import lock as mod_lock
 from llmconn.store.keys import ChatKeys, chat_keys
 from llmconn.store.lock import TURN_SEPARATOR, ChatLock
@@ -39,6 +41,13 @@ if TYPE_CHECKING:
 
 # What redis-py raises: its own errors, and the cluster client's topology errors (not RedisErrors).
 _REDIS_ERRORS = (RedisError, RedisClusterException)
+
+# A command sent that got no answer: it may have run.
+_UNANSWERED = (RedisConnectionError, RedisTimeoutError)
+
+# A save that got no answer is sent again after each pause (s); None: give up. Each send is one
+# runner call, which itself retries once on a fresh connection.
+SAVE_RESEND_PAUSES = (0.0, 0.05, 0.25, None)
 
 # Decoded turns are kept by their stored bytes, up to this many bytes of them.
 MAX_CACHED_TURN_BYTES = 8 * 1024 * 1024
@@ -68,6 +77,7 @@ class ChatStore:
         self._runner = runner
         self._replica_timeout_ms = max(1, int(replica_timeout * 1000))
         self._clock = clock or mod_time.monotonic
+        self._sleep = mod_time.sleep
         self._held: dict[str, ChatLock] = {}    # token -> lock, what the renewer keeps alive
         self._turns = TurnCache(MAX_CACHED_TURN_BYTES)
         self._renewer: LockRenewer | None = None
@@ -108,18 +118,19 @@ class ChatStore:
             raise
         observe.lock_waited(conn_name, self._clock() - started if place else 0.0)     # place 0: it was free
         lock = ChatLock(self, keys, token, ttl_ms, self._turns.decode(window_bytes), place)
-        self._held[token] = lock
+        self.hold(lock)
         return lock
 
-    # What the lock module sends, each translated here (the one redis exception boundary).
+    # The lock's backend (:class:`~llmconn.store.lock.LockBackend`): what the lock module sends,
+    # each translated here (the one redis exception boundary).
 
-    def _script(self, name: str, keys: tuple, args: tuple) -> Any:
+    def script(self, name: str, keys: tuple, args: tuple) -> Any:
         try:
             return self._runner.script(name, keys, args)
         except _REDIS_ERRORS as exc:
             raise self._error(exc) from exc
 
-    def _block(self, key: str, timeout: float) -> Any:
+    def block(self, key: str, timeout: float) -> Any:
         try:
             return self._runner.block(key, timeout)
         except RedisError as exc:
@@ -129,16 +140,35 @@ class ChatStore:
         except RedisClusterException as exc:
             raise self._error(exc) from exc
 
-    def _finish(self, keys: ChatKeys, args: tuple, *, durable: bool, extra_key: tuple = ()) -> int:
-        """FINISH (save or release); with ``replicas``, a save also waits for them in the same round trip."""
-        finish_keys = (keys.lock, keys.turns, keys.queue, keys.saved, *extra_key)
-        if not (durable and self.replicas):
-            return self._script('finish', finish_keys, args)
-        try:
-            result, acks = self._runner.script_and_wait('finish', finish_keys, args, self.replicas,
-                                                        self._replica_timeout_ms)
-        except _REDIS_ERRORS as exc:
-            raise self._error(exc) from exc
+    def finish(self, keys: ChatKeys, args: tuple, *, durable: bool, extra_keys: tuple = ()) -> int:
+        """FINISH (save or release); with ``replicas``, a save also waits for them in the same round trip.
+
+        A save whose reply was lost is sent again (it is recognised by its
+        token, so it is never written twice) after each of
+        ``SAVE_RESEND_PAUSES``, beyond the runner's own retry: a stored turn is
+        not reported lost because two replies in a row were.
+        """
+        finish_keys = (keys.lock, keys.turns, keys.queue, keys.saved, *extra_keys)
+        if not durable:
+            return self.script('finish', finish_keys, args)
+        for pause in SAVE_RESEND_PAUSES:
+            try:
+                return self._save(finish_keys, args)
+            except _UNANSWERED as exc:
+                if pause is None:
+                    raise StoreError(f'{self._error(exc)} The turn may have been saved all the same: its save '
+                                     f'and each re-send got no answer; read the chat\'s history before '
+                                     f'sending the message again.') from exc
+                self._sleep(pause)
+            except _REDIS_ERRORS as exc:
+                raise self._error(exc) from exc
+        raise AssertionError('unreachable')
+
+    def _save(self, finish_keys: tuple, args: tuple) -> int:
+        if not self.replicas:
+            return self._runner.script('finish', finish_keys, args)
+        result, acks = self._runner.script_and_wait('finish', finish_keys, args, self.replicas,
+                                                    self._replica_timeout_ms)
         if result != mod_lock.NOT_OURS and acks < self.replicas:
             raise StoreError(f'The turn was saved on the Redis master of {self.url_for_display} but reached only '
                              f'{acks} of {self.replicas} replica(s) within {self._replica_timeout_ms} ms, so it '
@@ -146,7 +176,19 @@ class ChatStore:
                              f'redis.replicas.')
         return result
 
-    def _renew_all(self, locks: list[tuple]) -> list:
+    def hold(self, lock: ChatLock) -> None:
+        self._held[lock.token] = lock
+
+    def let_go(self, token: str) -> None:
+        self._held.pop(token, None)
+
+    # What the renewer needs.
+
+    def held(self) -> list[ChatLock]:
+        """The locks this store keeps alive now."""
+        return list(self._held.values())
+
+    def renew_all(self, locks: list[tuple]) -> list:
         """Renew (key, token, ttl_ms) locks in pipelined round trips; 1 or 0 (lost) or an error each."""
         try:
             return self._runner.scripts('renew', [((key,), (token, ttl_ms)) for key, token, ttl_ms in locks])
@@ -229,20 +271,27 @@ class ChatStore:
         self._start_lock = threading.Lock()
         # redis-py's pools see the new pid and open their own connections.
 
+    @contextmanager
+    def boundary(self) -> Iterator[None]:
+        """Run Redis commands of another part of :mod:`llmconn.store` with their errors translated here."""
+        try:
+            yield
+        except _REDIS_ERRORS as exc:
+            raise self._error(exc) from exc
+
     def _error(self, exc: Exception) -> StoreError:
         """The one translation of a redis exception, with what to do next and no password."""
         observe.store_error(exc)
+        kind = StoreError
         if isinstance(exc, AuthenticationError):
-            hint = 'check the user name and password in redis.url'
+            kind, hint = StoreAuthError, 'check the user name and password in redis.url'
         elif isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
             hint = 'check that Redis is running and reachable at that address (calls without a chat_id still work)'
         else:
             hint = 'check the Redis server and its log'
-        detail = f'{type(exc).__name__}: {exc}'
-        password = self._target.password
-        if password:
-            detail = detail.replace(str(password), '***')
-        return StoreError(f'Chat store {self.url_for_display} failed ({detail}); {hint}.')
+        detail = scrub(f'{type(exc).__name__}: {exc}', self._target.password or '')
+        detail = scrub(detail, self._target.options.get('sentinel_password') or '')
+        return kind(f'Chat store {self.url_for_display} failed ({detail}); {hint}.')
 
     def __repr__(self) -> str:
         return f'<ChatStore {self.url_for_display} held={len(self._held)}>'

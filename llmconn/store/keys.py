@@ -17,6 +17,8 @@ from __future__ import annotations
 from base64 import urlsafe_b64encode
 from typing import NamedTuple
 
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
 # Every key llmconn writes starts with this, so an operator can find (and SCAN) them.
 KEY_PREFIX = 'llmconn'
 
@@ -55,3 +57,12 @@ def chat_keys(conn_name: str, chat_id: str) -> ChatKeys:
         enc_conn = _encoded_names[conn_name] = encode(conn_name)
     base = f'{KEY_PREFIX}:{{{enc_conn}:{encode(chat_id)}}}:'
     return ChatKeys(base + 'turns', base + 'lock', base + 'queue', base + 'seq', base + 'saved')
+
+
+# Redis Cluster's slots: a ledger on a cluster keeps one hash per slot and day.
+HASH_SLOTS = REDIS_CLUSTER_HASH_SLOTS
+
+
+def slot_of(key: str) -> int:
+    """The Redis Cluster slot of ``key`` (its hash tag's, when it has one)."""
+    return key_slot(key.encode('utf-8', 'surrogatepass'))

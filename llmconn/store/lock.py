@@ -66,14 +66,14 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from llmconn.errors import ChatBusy, LockLost, StoreError
 from llmconn.types import Turn
 
 if TYPE_CHECKING:
-    from llmconn.store.history import ChatStore
     from llmconn.store.keys import ChatKeys
 
 logger = logging.getLogger(__name__)
@@ -276,12 +276,63 @@ def window_spec(turns: int, step: int = 1) -> str:
     return str(turns) if step <= 1 else f'{turns}/{step}'
 
 
-def acquire(store: 'ChatStore', keys: 'ChatKeys', token: str, *, window: int | str, ttl_ms: int, lock_wait: float,
+class LockBackend(Protocol):
+    """What the lock needs of a store, and all it uses (as redis-py's ``Lock`` is handed a client).
+
+    :class:`~llmconn.store.history.ChatStore` implements it; each call raises
+    :class:`StoreError` (never a redis exception) when Redis fails.
+    """
+
+    def script(self, name: str, keys: tuple, args: tuple) -> Any:
+        """Run the store's script ``name`` (``'acquire'``, ``'finish'``, ``'renew'``) once."""
+
+    def block(self, key: str, timeout: float) -> Any:
+        """BLPOP ``key`` for at most ``timeout`` s; None when nothing came (or the node changed role)."""
+
+    def finish(self, keys: 'ChatKeys', args: tuple, *, durable: bool, extra_keys: tuple = ()) -> int:
+        """Run FINISH; ``durable``: a save, re-sent until its outcome is known (and replicated if asked)."""
+
+    def hold(self, lock: 'ChatLock') -> None:
+        """Keep ``lock`` alive (renewed) until :meth:`let_go`."""
+
+    def let_go(self, token: str) -> None:
+        """Stop renewing the lock of ``token``."""
+
+
+@dataclass(frozen=True, slots=True)
+class SaveCounters:
+    """Counters a save adds in its own script, once per saved turn (a usage ledger's day hash).
+
+    ``key`` lives in the chat's slot (see :meth:`ChatKeys.beside`); ``counts``
+    maps each field to its increment; ``expiry`` (s, 0 for none) is set when
+    the first field is new in the hash.
+    """
+
+    key: str
+    counts: dict[str, int]
+    expiry: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SavedMarker:
+    """How to tell later whether a lock's save ran: the chat's saved tokens hold its token.
+
+    ``fence()`` first releases the lock if the token still holds it, so that a
+    save of it still in flight (sent, not yet arrived) finds the lock taken and
+    writes nothing; only then do the saved tokens say for good whether it ran.
+    """
+
+    saved_key: str
+    token: str
+    fence: Callable[[], None]
+
+
+def acquire(store: LockBackend, keys: 'ChatKeys', token: str, *, window: int | str, ttl_ms: int, lock_wait: float,
             clock: Callable[[], float], busy: Callable[[], ChatBusy]) -> tuple[bytes, int]:
     """Take the chat's lock, waiting in line up to ``lock_wait`` s: (the window, our place or 0)."""
     acquire_keys = (keys.lock, keys.turns, keys.queue, keys.seq)
     wait_ms = int(lock_wait * 1000)
-    reply = store._script('acquire', acquire_keys, (token, ttl_ms, window, wait_ms, b''))
+    reply = store.script('acquire', acquire_keys, (token, ttl_ms, window, wait_ms, b''))
     if reply[0] == 1:
         return reply[1], 0
     if wait_ms <= 0:
@@ -295,10 +346,10 @@ def acquire(store: 'ChatStore', keys: 'ChatKeys', token: str, *, window: int | s
                 raise busy()
             # Asleep for as long as the holder's lock has left: a dead holder is noticed when it expires.
             timeout = min(remaining, BLOCK_CAP, pttl / 1000.0 if pttl > 0 else MIN_BLOCK if pttl == -2 else BLOCK_CAP)
-            woken = store._block(keys.wake(token), max(timeout, MIN_BLOCK))
+            woken = store.block(keys.wake(token), max(timeout, MIN_BLOCK))
             if woken:       # handed over: the lock holds our token, the wake-up our window
                 return woken[1], place
-            reply = store._script('acquire', acquire_keys, (token, ttl_ms, window, int(remaining * 1000) or 1, entry))
+            reply = store.script('acquire', acquire_keys, (token, ttl_ms, window, int(remaining * 1000) or 1, entry))
             if reply[0] == 1:
                 return reply[1], place
             pttl, entry = reply[1], reply[3]
@@ -310,17 +361,17 @@ def acquire(store: 'ChatStore', keys: 'ChatKeys', token: str, *, window: int | s
         raise
 
 
-def _leave(store: 'ChatStore', keys: 'ChatKeys', token: str, entry: bytes) -> None:
+def _leave(store: LockBackend, keys: 'ChatKeys', token: str, entry: bytes) -> None:
     """Give up our place; a lock handed to us at this instant goes on to the next in line."""
     try:
-        store._finish(keys, (token, b'', 0, 0, b'', entry), durable=False)
+        store.finish(keys, (token, b'', 0, 0, b'', entry), durable=False)
     except StoreError as exc:
         logger.warning('Could not leave the queue of a busy chat; its entry lapses by itself: %s', exc)
 
 
-def _fence(store: 'ChatStore', keys: 'ChatKeys', token: str) -> None:
+def _fence(store: LockBackend, keys: 'ChatKeys', token: str) -> None:
     """Release ``token``'s hold on the chat, if it still has one, and hand it to the next waiter."""
-    store._finish(keys, (token, b'', 0, 0, b'0', b''), durable=False)
+    store.finish(keys, (token, b'', 0, 0, b'0', b''), durable=False)
 
 
 _formats: dict[tuple, str] = {}         # (*fields, expiry) -> FINISH's ARGV[7] with %d for each increment
@@ -351,7 +402,7 @@ class ChatLock:
 
     __slots__ = ('turns', 'lost', 'place', '_store', '_keys', '_token', '_ttl_ms', '_open')
 
-    def __init__(self, store: 'ChatStore', keys: 'ChatKeys', token: str, ttl_ms: int,
+    def __init__(self, store: LockBackend, keys: 'ChatKeys', token: str, ttl_ms: int,
                  turns: list[Turn], place: int = 0) -> None:
         self.turns = turns          # the window, oldest first
         self.lost = False           # set by the renewer when the lock is found taken
@@ -363,12 +414,11 @@ class ChatLock:
         self._open = True           # save or release still has work to do
 
     def save(self, turn: Turn, *, expiry: float, max_turns: int, replace_last: bool = False,
-             counters: tuple | None = None) -> None:
+             counters: SaveCounters | None = None) -> None:
         """Append ``turn`` (or replace the last, pending one), keep ``max_turns``, expire in ``expiry`` s, unlock.
 
-        ``counters`` - (a hash key in this chat's slot, see :meth:`ChatKeys.beside`,
-        {field: increment}[, the hash's expiry in s]) - are added in the same script,
-        once per saved turn (a re-sent save does not count twice). Raises :class:`LockLost`
+        ``counters`` are added in the same script, once per saved turn (a
+        re-sent save does not count twice). Raises :class:`LockLost`
         (nothing written) when the lock was no longer ours, and
         :class:`StoreError` when Redis failed or, with ``redis.replicas``, the
         turn did not reach enough replicas.
@@ -376,19 +426,18 @@ class ChatLock:
         if not self._open:
             raise LockLost('This chat lock was already saved or released; begin a new call to save another turn')
         # From here on this lock must not be renewed, whatever the outcome.
-        self._store._held.pop(self._token, None)
+        self._store.let_go(self._token)
         if self.lost:
             self._open = False
             raise self._lost()
         # surrogatepass: a lone surrogate in a text is stored, not a crash; json.loads reads it back.
         data = _dumps(turn.to_dict()).encode('utf-8', 'surrogatepass')
         args = (self._token, data, max_turns, max(1, int(expiry * 1000)), b'1' if replace_last else b'0', b'')
-        extra_key = ()
-        if counters:
-            key, increments, *expiry_s = counters
-            extra_key = (key,)
-            args += (_increments(increments, expiry_s[0] if expiry_s else 0),)
-        result = self._store._finish(self._keys, args, durable=True, extra_key=extra_key)
+        extra_keys = ()
+        if counters is not None:
+            extra_keys = (counters.key,)
+            args += (_increments(counters.counts, counters.expiry),)
+        result = self._store.finish(self._keys, args, durable=True, extra_keys=extra_keys)
         # A StoreError above leaves _open set, so release() still tries to unlock.
         self._open = False
         if result == NOT_OURS:
@@ -399,18 +448,20 @@ class ChatLock:
         if not self._open:
             return
         self._open = False
-        self._store._held.pop(self._token, None)
+        self._store.let_go(self._token)
         _fence(self._store, self._keys, self._token)
 
-    def saved_marker(self) -> tuple:
-        """How to tell later whether this lock's save ran: (the chat's saved-tokens list, this lock's
-        token, a fence). The fence releases the lock if this token still holds it, so that a save of
-        it still in flight (sent, not yet arrived) finds the lock taken and writes nothing; only then
-        do the saved tokens say for good whether it ran."""
-        return self._keys.saved, self._token, partial(_fence, self._store, self._keys, self._token)
+    def saved_marker(self) -> SavedMarker:
+        """How to tell later whether this lock's save ran (see :class:`SavedMarker`)."""
+        return SavedMarker(self._keys.saved, self._token, partial(_fence, self._store, self._keys, self._token))
 
-    def renewed(self) -> tuple:
-        """What the renewer needs: (lock key, token, ttl in ms)."""
+    @property
+    def token(self) -> str:
+        """This call's random token: what the lock key holds while the chat is ours."""
+        return self._token
+
+    def renewed(self) -> tuple[str, str, int]:
+        """What the renewer sends: (lock key, token, ttl in ms)."""
         return self._keys.lock, self._token, self._ttl_ms
 
     def _lost(self) -> LockLost:

@@ -30,8 +30,8 @@ RENEWALS_PER_TTL = 3
 class LockRenewer:
     """Keeps every lock this store holds alive, from one daemon thread (a greenlet under gevent).
 
-    Registration is a dict set and a dict pop on the store's ``_held``; this
-    thread reads a snapshot of it every ``min ttl / 3`` and renews all locks
+    Registration is the store's ``hold`` and ``let_go`` (a dict set and pop); this
+    thread reads a snapshot of ``held()`` every ``min ttl / 3`` and renews all locks
     in one pipelined round trip (one per cluster node).
     """
 
@@ -65,7 +65,7 @@ class LockRenewer:
             self._wakeup.clear()
             if self._stopped:
                 return
-            held = list(self._store._held.values())
+            held = self._store.held()
             if not held:
                 continue
             try:
@@ -76,11 +76,11 @@ class LockRenewer:
 
     def _renew(self, held: list['ChatLock']) -> None:
         started = mod_time.monotonic()
-        results = self._store._renew_all([lock.renewed() for lock in held])
+        results = self._store.renew_all([lock.renewed() for lock in held])
         for lock, result in zip(held, results):
             if result == 0:
                 lock.lost = True
-                self._store._held.pop(lock._token, None)
+                self._store.let_go(lock.token)
             elif isinstance(result, Exception):
                 logger.warning('Could not renew a chat lock: %s', result)
         logger.debug('Renewed %d chat lock(s) in %.1f ms', len(held), (mod_time.monotonic() - started) * 1000)

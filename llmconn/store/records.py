@@ -1,0 +1,150 @@
+"""The gateway's records in the registry's Redis: responses by tenant and id, and small values beside them.
+
+One JSON record per response, keyed by tenant and gateway response id
+(``resp_`` + 48 random hex digits), expiring with the response::
+
+    llmconn:gw:resp:{<response id>}:<tenant digest>     JSON record, EX response_expiry
+
+What a record holds (store mode, ids, times, status, usage, and text only
+under standard retention) is the gateway's business
+(:mod:`llmconn.gateway.responses`); this module writes and reads it whole
+(``SET``, ``GET``, ``DEL``). A record of another tenant lives under another
+key, so looking it up with the wrong tenant finds nothing, as if absent. A
+response's record is written by the one request that made it, so there is
+no read-modify-write to race. The gateway's other values (the tool-call
+registry, the sealing secret, the chains DELETE follows) go through
+:meth:`RecordStore.put`, :meth:`RecordStore.put_new`, :meth:`RecordStore.value`,
+:meth:`RecordStore.replace` and the set calls.
+
+Usage is not kept here: gateway calls count in the one usage ledger
+(:mod:`llmconn.usage`) under their gateway key. ``redis`` exceptions become
+:class:`~llmconn.errors.StoreError` here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+from typing import TYPE_CHECKING, Any, Callable
+
+import redis
+from redis.exceptions import RedisClusterException, RedisError
+
+from llmconn.errors import StoreError
+
+if TYPE_CHECKING:
+    from llmconn.store.history import ChatStore
+
+RESPONSE_ID_PREFIX = 'resp_'
+_RESPONSE_ID = re.compile(r'^resp_[0-9a-f]{48}$')
+MAX_CONNECTIONS = 100               # the records' connections to Redis, per gateway process
+CONNECTION_WAIT = 5.0               # how long a request waits for one of them before a 503
+
+
+def new_response_id() -> str:
+    return RESPONSE_ID_PREFIX + secrets.token_hex(24)
+
+
+def valid_response_id(response_id: Any) -> bool:
+    return isinstance(response_id, str) and bool(_RESPONSE_ID.match(response_id))
+
+
+def tenant_digest(tenant: str) -> str:
+    return hashlib.sha256(tenant.encode('utf-8')).hexdigest()[:32]
+
+
+def response_key(tenant: str, response_id: str) -> str:
+    return f'llmconn:gw:resp:{{{response_id}}}:{tenant_digest(tenant)}'
+
+
+def burst_client(store: 'ChatStore') -> Any:
+    """A client of the store's Redis whose pool makes a burst of requests wait for a connection.
+
+    redis-py's plain pool raises ``MaxConnectionsError`` once its connections are all in use, so
+    500 concurrent gateway requests would fail where they should queue for a moment. For a plain
+    pool the records get a blocking twin (same server and settings); any other client (the embedded
+    ``memory://`` store, Cluster, Sentinel) is used as it is.
+    """
+    client = store.client
+    pool = getattr(client, 'connection_pool', None)
+    # redis-py's own connection classes only: the embedded store's fakeredis pool is a plain pool too.
+    if type(pool) is not redis.ConnectionPool or not pool.connection_class.__module__.startswith('redis.'):
+        return client
+    twin = redis.BlockingConnectionPool(connection_class=pool.connection_class, max_connections=MAX_CONNECTIONS,
+                                        timeout=CONNECTION_WAIT, **pool.connection_kwargs)
+    return redis.Redis(connection_pool=twin)
+
+
+class RecordStore:
+    """Whole JSON records and values with an expiry, in the chat store's Redis."""
+
+    def __init__(self, store: 'ChatStore') -> None:
+        self._client = burst_client(store)
+        self._own_pool = self._client is not store.client
+
+    def save(self, record: dict, ttl: float) -> None:
+        """Write ``record`` (with its ``tenant`` and ``id``) whole, expiring in ``ttl`` s."""
+        self.put(response_key(record['tenant'], record['id']), json.dumps(record, ensure_ascii=False), ttl)
+
+    def get(self, tenant: str, response_id: str) -> dict | None:
+        """The record of ``tenant``'s response, or None (unknown, expired, another tenant's, malformed id)."""
+        if not valid_response_id(response_id):
+            return None
+        raw = self.value(response_key(tenant, response_id))
+        return json.loads(raw) if raw else None
+
+    def delete(self, tenant: str, response_id: str) -> bool:
+        if not valid_response_id(response_id):
+            return False
+        return bool(_run(self._client.delete, response_key(tenant, response_id)))
+
+    def put(self, key: str, value: str, ttl: float | None = None) -> None:
+        """Set ``key`` to ``value``, expiring in ``ttl`` s (None: never)."""
+        _run(self._client.set, key, value, None, None if ttl is None else max(1, int(ttl * 1000)))
+
+    def put_new(self, key: str, value: str) -> bool:
+        """Set ``key`` unless it exists; whether it was set."""
+        return bool(_run(self._client.set, key, value, None, None, True))
+
+    def replace(self, key: str, value: str) -> bool:
+        """Set ``key`` to ``value`` only if it exists, keeping its expiry; whether it was set."""
+        return bool(_run(lambda: self._client.set(key, value, xx=True, keepttl=True)))
+
+    def add_member(self, key: str, member: str, ttl: float, *also: str) -> None:
+        """Add ``member`` to the set ``key``; ``key`` and the keys ``also`` expire in ``ttl`` s (one round trip)."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.sadd(key, member)
+        for name in (key, *also):
+            pipe.pexpire(name, max(1, int(ttl * 1000)))
+        _run(pipe.execute)
+
+    def members(self, key: str) -> set[str]:
+        """The members of the set ``key`` (empty when it does not exist)."""
+        return {m.decode('utf-8', 'surrogatepass') if isinstance(m, bytes) else m
+                for m in _run(self._client.smembers, key)}
+
+    def value(self, key: str) -> str | None:
+        return _text(_run(self._client.get, key))
+
+    def values(self, keys: list[str]) -> list[str | None]:
+        """The values of ``keys``, None for each missing one, in one round trip (one slot on a cluster)."""
+        return [_text(raw) for raw in _run(self._client.mget, keys)]
+
+    def close(self) -> None:
+        """Drop the connections of this store's own pool (the chat store closes its own)."""
+        if self._own_pool:
+            self._client.connection_pool.disconnect()
+
+
+def _text(raw: Any) -> str | None:
+    return raw.decode('utf-8', 'surrogatepass') if isinstance(raw, bytes) else raw
+
+
+def _run(call: Callable, *args: Any) -> Any:
+    try:
+        return call(*args)
+    except (RedisError, RedisClusterException) as e:
+        raise StoreError(f'the gateway\'s state store failed ({type(e).__name__}); check that Redis is '
+                         f'up and redis.url is right') from None
