@@ -372,3 +372,18 @@ def test_a_cancelled_waiter_leaves_the_queue(store, other, unique, redis_client)
     holder.release()
     assert not redis_client.exists(keys.lock)          # nobody was handed a lock it would never claim
 
+
+def test_every_key_a_contended_chat_leaves_behind_expires(store, other, unique, redis_client):
+    # The queue's counter (:seq) is created by the INCR of the first waiter: its expiry must be set
+    # after that INCR, or it never expires (the operations guide promises every key does).
+    keys = chat_keys(unique, 'c')
+    holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    acquire_keys = (keys.lock, keys.turns, keys.queue, keys.seq)
+    for waiter in ('aa11', 'bb22'):
+        reply = other.script('acquire', acquire_keys, (waiter, 5000, 5, 5000, b''))
+        assert reply[0] == 0
+    assert redis_client.get(keys.seq) == b'2'
+    holder.save(turn('one'), expiry=60, max_turns=10)
+    for key in redis_client.scan_iter(match=f'{keys.lock.rpartition(":")[0]}:*'):
+        assert redis_client.pttl(key) > 0, key
+    assert 0 < redis_client.pttl(keys.seq) <= 5000 + 5000

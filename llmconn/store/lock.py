@@ -160,12 +160,15 @@ local entry = ARGV[5]
 if entry == '' or not redis.call('LPOS', KEYS[3], entry) then
     entry = ARGV[1] .. ':' .. ARGV[2] .. ':' .. (clock() + tonumber(ARGV[4])) .. ':' .. ARGV[3]
     redis.call('RPUSH', KEYS[3], entry)
+    local place = redis.call('INCR', KEYS[4])     -- before its PEXPIRE: INCR may create the key
     local keep = tonumber(ARGV[4]) + tonumber(ARGV[2])
     if redis.call('PTTL', KEYS[3]) < keep then
         redis.call('PEXPIRE', KEYS[3], keep)
+    end
+    if redis.call('PTTL', KEYS[4]) < keep then
         redis.call('PEXPIRE', KEYS[4], keep)
     end
-    return {0, redis.call('PTTL', KEYS[1]), redis.call('INCR', KEYS[4]), entry}
+    return {0, redis.call('PTTL', KEYS[1]), place, entry}
 end
 return {0, redis.call('PTTL', KEYS[1]), 0, entry}
 """
