@@ -101,7 +101,7 @@ from scripted_server import ScriptedServer, Trickle
 from llmconn.errors import LLMTimeout
 from llmconn.transport import Transport
 server = ScriptedServer().start()
-server.script = [(200, {{}}, Trickle(b'{{"a": 1}}' * 5, 0.4))]
+server.script = [(200, {headers!r}, Trickle(b'{{"a": 1}}' * 5, 0.4, {framing!r}))]
 ticks = []
 ticker = gevent.spawn(lambda: [ticks.append(gevent.sleep(0.05)) for _ in range(100)])
 started = time.monotonic()
@@ -112,9 +112,11 @@ except LLMTimeout:
 '''
 
 
-def test_timeout_holds_under_gevent_without_freezing_other_greenlets():
+@pytest.mark.parametrize('headers, framing', [({}, 'chunked'), ({'connection': 'close'}, 'chunked'),
+                                             ({'connection': 'close'}, 'close')])
+def test_timeout_holds_under_gevent_without_freezing_other_greenlets(headers, framing):
     here = Path(__file__).parent
-    script = GEVENT_SCRIPT.format(paths=[str(here), str(here.parent)])
+    script = GEVENT_SCRIPT.format(paths=[str(here), str(here.parent)], headers=headers, framing=framing)
     out = subprocess.run([sys.executable, '-c', textwrap.dedent(script)], capture_output=True, text=True,
                          timeout=60)
     assert out.stdout.split()[0] == 'timeout', out.stderr
