@@ -14,7 +14,7 @@ from conftest import free_port
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def llmconn(*argv: str, cwd: Path | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+def llmconn(*argv: str, cwd: Path | None = None, timeout: float = 90) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, '-m', 'llmconn', *argv], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)

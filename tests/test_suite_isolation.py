@@ -30,7 +30,7 @@ def _pytest_without_redis_server(tmp_path, allow: bool) -> subprocess.CompletedP
         env[ALLOW_NO_REDIS_ENV] = '1'
     return subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-p', 'no:xdist',
                            REDIS_TEST], env=env, cwd=Path(__file__).parent.parent,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=100)
 
 
 def test_without_redis_server_the_redis_tests_fail_rather_than_skip(tmp_path):

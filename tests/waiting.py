@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-DEFAULT_TIMEOUT = 15.0      # seconds: generous, since only a broken run waits this long
+DEFAULT_TIMEOUT = 30.0      # seconds: generous (a loaded machine is slow), since only a broken run waits this long
 POLL_INTERVAL = 0.01
 
 
