@@ -164,3 +164,18 @@ def test_an_event_with_a_float_created_at_is_refused_by_the_oracle():
                           'parallel_tool_calls': True}}
     with pytest.raises(Exception, match='created_at|completed_at'):
         check_event(event)
+
+
+@pytest.mark.parametrize('stream', [False, True], ids=['plain', 'streamed'])
+@pytest.mark.parametrize('model', ['Claude', 'ResponsesLocal'])
+def test_sealed_reasoning_for_a_stateless_client_conforms(gw, model, stream):
+    body = {'model': model, 'input': 'think: ' + ASK, 'tools': [ORDER_TOOL], 'store': False, 'stream': stream,
+            'include': ['reasoning.encrypted_content'], **reasoning_params(model)}
+    answer = _responses(gw, body)
+    if stream:
+        events = _events(answer)
+        check_stream(events)
+        output = events[-1]['response']['output']
+    else:
+        output = check_response(answer.json()).model_dump(mode='json')['output']
+    assert any(i['type'] == 'reasoning' and i.get('encrypted_content') for i in output), output

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from llmconn.gateway import values
+from llmconn.gateway.values import Mapper
 from llmconn.providers import PROVIDERS
 
 
@@ -52,7 +54,6 @@ LOSSES = {
     'verbosity_ignored': 'the verbosity asked for is not sent; the model answers at its own length',
 }
 
-Mapper = Callable[[Any], dict]
 
 
 @dataclass(frozen=True)
@@ -91,35 +92,6 @@ def _but(support: dict[str, Support], **kinds: Support) -> dict[str, Support]:
 _TEMPLATE_DECIDES = 'the connection\'s templates decide what is sent'
 
 
-def _param(name: str) -> Mapper:
-    return lambda value: {name: value}
-
-
-def _generation(name: str) -> Mapper:
-    return lambda value: {'generationConfig': {name: value}}
-
-
-def _stop_list(value: Any) -> list:
-    return [value] if isinstance(value, str) else list(value or ())
-
-
-def _chat_format(text: Any) -> dict:
-    """Responses ``text.format`` as Chat Completions ``response_format``."""
-    fmt = dict((text or {}).get('format') or {})
-    if fmt.get('type') != 'json_schema':
-        return {'response_format': fmt}
-    schema = {k: fmt[k] for k in ('name', 'schema', 'strict', 'description') if k in fmt}
-    return {'response_format': {'type': 'json_schema', 'json_schema': schema}}
-
-
-def _responses_format(fmt: Any) -> dict:
-    """Chat Completions ``response_format`` as Responses ``text.format``."""
-    fmt = dict(fmt or {})
-    if fmt.get('type') == 'json_schema':
-        fmt = {'type': 'json_schema', **(fmt.get('json_schema') or {})}
-    return {'text': {'format': fmt}}
-
-
 def _sampling(name: str, gemini: str, kinds=('openai-responses', 'openai', 'claude', 'gemini')) -> dict:
     support = {}
     for kind in KINDS:
@@ -127,24 +99,24 @@ def _sampling(name: str, gemini: str, kinds=('openai-responses', 'openai', 'clau
             how = _TEMPLATE_DECIDES if kind == TEMPLATE else ''
             support[kind] = Support(UNSUPPORTED, how, 'sampling_params_ignored')
         elif kind == 'gemini':
-            support[kind] = Support(NATIVE, f'generationConfig.{gemini}', to_params=_generation(gemini))
+            support[kind] = Support(NATIVE, f'generationConfig.{gemini}', to_params=values.generation(gemini))
         else:
-            support[kind] = Support(NATIVE, to_params=_param(name))
+            support[kind] = Support(NATIVE, to_params=values.param(name))
     return support
 
 
 def _max_tokens() -> dict:
-    return {'openai-responses': Support(NATIVE, 'max_output_tokens', to_params=_param('max_output_tokens')),
-            'openai': Support(NATIVE, 'max_tokens', to_params=_param('max_tokens')),
-            'claude': Support(NATIVE, 'max_tokens', to_params=_param('max_tokens')),
-            'gemini': Support(NATIVE, 'generationConfig.maxOutputTokens', to_params=_generation('maxOutputTokens')),
+    return {'openai-responses': Support(NATIVE, 'max_output_tokens', to_params=values.param('max_output_tokens')),
+            'openai': Support(NATIVE, 'max_tokens', to_params=values.param('max_tokens')),
+            'claude': Support(NATIVE, 'max_tokens', to_params=values.param('max_tokens')),
+            'gemini': Support(NATIVE, 'generationConfig.maxOutputTokens', to_params=values.generation('maxOutputTokens')),
             TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'max_output_tokens_ignored')}
 
 
 def _hints(name: str, claude: Support | None = None) -> dict:
     unsupported = Support(UNSUPPORTED, loss='hint_ignored')
-    return {'openai-responses': Support(NATIVE, to_params=_param(name)),
-            'openai': Support(NATIVE, to_params=_param(name)),
+    return {'openai-responses': Support(NATIVE, to_params=values.param(name)),
+            'openai': Support(NATIVE, to_params=values.param(name)),
             'claude': claude or unsupported, 'gemini': unsupported, TEMPLATE: unsupported}
 
 
@@ -158,39 +130,6 @@ _parallel = _same(UNSUPPORTED, 'only true: the backend may call several tools at
 _deprecated = _same(UNSUPPORTED, 'the deprecated form; use tools')
 _claude_user = Support(EMULATED, 'metadata.user_id', to_params=lambda v: {'metadata': {'user_id': v}})
 _TOOL_CHOICE_OK = (None, 'auto')
-
-
-def _is_text_format(value: Any) -> bool:
-    """``text`` asking for no format but plain text (the default); its verbosity is a row of its own."""
-    if not isinstance(value, dict):
-        return not value
-    fmt = value.get('format')
-    return not fmt or (isinstance(fmt, dict) and fmt.get('type', 'text') == 'text')
-
-
-def _inside(name: str, key: str) -> Callable[[dict], Any]:
-    """The value of ``body[name][key]`` (None when absent)."""
-    def get(body: dict) -> Any:
-        value = body.get(name)
-        return value.get(key) if isinstance(value, dict) else None
-    return get
-
-
-def _summary(body: dict) -> Any:
-    reasoning = body.get('reasoning')
-    return (reasoning.get('summary') or reasoning.get('generate_summary')) if isinstance(reasoning, dict) else None
-
-
-def _strict(function_key: str = '') -> Callable[[dict], bool]:
-    """Whether any function tool asks for ``strict`` (Chat Completions nests it in ``function``)."""
-    def get(body: dict) -> bool:
-        tools = body.get('tools')
-        for tool in tools if isinstance(tools, list) else ():
-            spec = tool.get(function_key) if function_key and isinstance(tool, dict) else tool
-            if isinstance(spec, dict) and spec.get('strict') is True:
-                return True
-        return False
-    return get
 
 
 _summary_support = {
@@ -212,10 +151,10 @@ def _verbosity(responses_route: bool) -> dict[str, Support]:
     unsupported = Support(UNSUPPORTED, loss='verbosity_ignored')
     if responses_route:
         native = Support(NATIVE, to_params=lambda v: {'text': {'verbosity': v}})
-        emulated = Support(EMULATED, 'verbosity', to_params=_param('verbosity'))
+        emulated = Support(EMULATED, 'verbosity', to_params=values.param('verbosity'))
         return {'openai-responses': native, 'openai': emulated, 'claude': unsupported, 'gemini': unsupported,
                 TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'verbosity_ignored')}
-    return {'openai': Support(NATIVE, to_params=_param('verbosity')),
+    return {'openai': Support(NATIVE, to_params=values.param('verbosity')),
             'openai-responses': Support(EMULATED, 'text.verbosity', to_params=lambda v: {'text': {'verbosity': v}}),
             'claude': unsupported, 'gemini': unsupported,
             TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'verbosity_ignored')}
@@ -223,7 +162,7 @@ def _verbosity(responses_route: bool) -> dict[str, Support]:
 
 def _passed(name: str, kinds: tuple, loss: str) -> dict[str, Support]:
     """A field the APIs of ``kinds`` take as it is (sent on), which the other backends do not know."""
-    return {k: Support(NATIVE, to_params=_param(name)) if k in kinds else
+    return {k: Support(NATIVE, to_params=values.param(name)) if k in kinds else
             Support(UNSUPPORTED, _TEMPLATE_DECIDES if k == TEMPLATE else '', loss) for k in KINDS}
 
 
@@ -266,19 +205,19 @@ RESPONSES_FIELDS: dict[str, Field] = {f.name: f for f in _STRUCTURAL_RESPONSES +
     Field('top_p', _sampling('top_p', 'topP')),
     Field('max_output_tokens', _max_tokens()),
     Field('reasoning', {
-        'openai-responses': Support(NATIVE, to_params=_param('reasoning')),
+        'openai-responses': Support(NATIVE, to_params=values.param('reasoning')),
         'openai': Support(EMULATED, 'reasoning.effort as reasoning_effort',
                           to_params=lambda v: {'reasoning_effort': v['effort']} if (v or {}).get('effort') else {}),
         'claude': Support(UNSUPPORTED, 'thinking is set per connection', 'reasoning_settings_ignored'),
         'gemini': Support(UNSUPPORTED, loss='reasoning_settings_ignored'),
         TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'reasoning_settings_ignored')}),
     Field('text', {
-        'openai-responses': Support(NATIVE, to_params=_param('text')),
-        'openai': Support(EMULATED, 'as response_format', to_params=_chat_format),
+        'openai-responses': Support(NATIVE, to_params=values.param('text')),
+        'openai': Support(EMULATED, 'as response_format', to_params=values.chat_format),
         'claude': Support(UNSUPPORTED, loss='output_format_not_enforced'),
         'gemini': Support(UNSUPPORTED, loss='output_format_not_enforced'),
-        TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'output_format_not_enforced')}, trivial=_is_text_format),
-    Field('truncation', {'openai-responses': Support(NATIVE, to_params=_param('truncation')),
+        TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'output_format_not_enforced')}, trivial=values.is_text_format),
+    Field('truncation', {'openai-responses': Support(NATIVE, to_params=values.param('truncation')),
                          **{k: Support(UNSUPPORTED, loss='no_auto_truncation')
                             for k in ('openai', 'claude', 'gemini', TEMPLATE)}},
           trivial=lambda v: v in (None, 'disabled')),
@@ -299,9 +238,9 @@ RESPONSES_FIELDS: dict[str, Field] = {f.name: f for f in _STRUCTURAL_RESPONSES +
     Field('parallel_tool_calls', _parallel, trivial=lambda v: v in (None, True)),
     Field('max_tool_calls', _same(UNSUPPORTED, 'the backend decides how many calls it makes'),
           trivial=lambda v: v is None),
-    Field('reasoning.summary', _summary_support, part_of=_summary),
-    Field('text.verbosity', _verbosity(responses_route=True), part_of=_inside('text', 'verbosity')),
-    Field('tools[].strict', _strict_support, part_of=_strict(), trivial=lambda v: not v),
+    Field('reasoning.summary', _summary_support, part_of=values.summary),
+    Field('text.verbosity', _verbosity(responses_route=True), part_of=values.inside('text', 'verbosity')),
+    Field('tools[].strict', _strict_support, part_of=values.strict(), trivial=lambda v: not v),
     Field('prompt_cache_options', _passed('prompt_cache_options', _OPENAI_KINDS, 'hint_ignored'),
           trivial=lambda v: not v),
     Field('prompt_cache_retention', _passed('prompt_cache_retention', _OPENAI_KINDS, 'hint_ignored')),
@@ -335,24 +274,24 @@ CHAT_FIELDS: dict[str, Field] = {f.name: f for f in [
     Field('max_tokens', _max_tokens()),
     Field('max_completion_tokens', _max_tokens()),
     Field('n', _same(UNSUPPORTED, 'one choice per request'), trivial=lambda v: v in (None, 1)),
-    Field('stop', {'openai': Support(NATIVE, to_params=_param('stop')),
-                   'claude': Support(EMULATED, 'stop_sequences', to_params=lambda v: {'stop_sequences': _stop_list(v)}),
+    Field('stop', {'openai': Support(NATIVE, to_params=values.param('stop')),
+                   'claude': Support(EMULATED, 'stop_sequences', to_params=lambda v: {'stop_sequences': values.stop_list(v)}),
                    'gemini': Support(NATIVE, 'generationConfig.stopSequences',
-                                     to_params=lambda v: {'generationConfig': {'stopSequences': _stop_list(v)}}),
+                                     to_params=lambda v: {'generationConfig': {'stopSequences': values.stop_list(v)}}),
                    'openai-responses': Support(UNSUPPORTED, loss='stop_ignored'),
                    TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'stop_ignored')}),
     Field('presence_penalty', _sampling('presence_penalty', 'presencePenalty', ('openai', 'gemini'))),
     Field('frequency_penalty', _sampling('frequency_penalty', 'frequencyPenalty', ('openai', 'gemini'))),
     Field('seed', _sampling('seed', 'seed', ('openai', 'gemini'))),
     Field('response_format', {
-        'openai': Support(NATIVE, to_params=_param('response_format')),
-        'openai-responses': Support(EMULATED, 'as text.format', to_params=_responses_format),
+        'openai': Support(NATIVE, to_params=values.param('response_format')),
+        'openai-responses': Support(EMULATED, 'as text.format', to_params=values.responses_format),
         'claude': Support(UNSUPPORTED, loss='output_format_not_enforced'),
         'gemini': Support(UNSUPPORTED, loss='output_format_not_enforced'),
         TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'output_format_not_enforced')},
           trivial=lambda v: v is None or (v or {}).get('type') == 'text'),
     Field('reasoning_effort', {
-        'openai': Support(NATIVE, to_params=_param('reasoning_effort')),
+        'openai': Support(NATIVE, to_params=values.param('reasoning_effort')),
         'openai-responses': Support(EMULATED, 'reasoning.effort', to_params=lambda v: {'reasoning': {'effort': v}}),
         'claude': Support(UNSUPPORTED, 'thinking is set per connection', 'reasoning_settings_ignored'),
         'gemini': Support(UNSUPPORTED, loss='reasoning_settings_ignored'),
@@ -363,7 +302,7 @@ CHAT_FIELDS: dict[str, Field] = {f.name: f for f in [
     Field('service_tier', _hints('service_tier'), trivial=lambda v: v in (None, 'auto')),
     Field('logprobs', _same(UNSUPPORTED, loss='no_logprobs'), trivial=lambda v: not v),
     Field('top_logprobs', _same(UNSUPPORTED, loss='no_logprobs'), trivial=lambda v: not v),
-    Field('logit_bias', {'openai': Support(NATIVE, to_params=_param('logit_bias')),
+    Field('logit_bias', {'openai': Support(NATIVE, to_params=values.param('logit_bias')),
                          **{k: Support(UNSUPPORTED, loss='sampling_params_ignored')
                             for k in ('openai-responses', 'claude', 'gemini', TEMPLATE)}}, trivial=lambda v: not v),
     Field('modalities', _same(UNSUPPORTED, 'text only'), trivial=lambda v: not v or list(v) == ['text']),
@@ -376,7 +315,7 @@ CHAT_FIELDS: dict[str, Field] = {f.name: f for f in [
     Field('tool_choice', _tool_choice, trivial=lambda v: v in _TOOL_CHOICE_OK),
     Field('parallel_tool_calls', _parallel, trivial=lambda v: v in (None, True)),
     Field('verbosity', _verbosity(responses_route=False)),
-    Field('tools[].strict', _strict_support, part_of=_strict('function'), trivial=lambda v: not v),
+    Field('tools[].strict', _strict_support, part_of=values.strict('function'), trivial=lambda v: not v),
     Field('prompt_cache_options', _passed('prompt_cache_options', _OPENAI_KINDS, 'hint_ignored'),
           trivial=lambda v: not v),
     Field('prompt_cache_retention', _passed('prompt_cache_retention', _OPENAI_KINDS, 'hint_ignored')),

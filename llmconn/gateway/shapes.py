@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal, Union
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
+from llmconn.config import MAX_COUNT
 from llmconn.errors import GatewayError
 from llmconn.gateway.echo import shown
 
@@ -39,8 +40,10 @@ Tier = Literal['auto', 'default', 'flex', 'scale', 'priority', 'fast']
 Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
 Unit = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Penalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]
-Count = Annotated[int, Field(ge=1)]
-Identifier = Annotated[str, Field(max_length=512)]
+Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+OutputLimit = Annotated[int, Field(ge=16, le=MAX_COUNT)]    # the Open Responses specification's floor
+Identifier = Annotated[str, Field(max_length=512)]          # OpenAI's limit on user
+Key = Annotated[str, Field(max_length=64)]                  # safety_identifier, prompt_cache_key (the spec's)
 
 _STRICT = ConfigDict(strict=True, extra='forbid')
 
@@ -106,8 +109,8 @@ class _Common(BaseModel):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: Identifier | None = None
-    safety_identifier: Identifier | None = None
-    prompt_cache_key: Identifier | None = None
+    safety_identifier: Key | None = None
+    prompt_cache_key: Key | None = None
     prompt_cache_retention: Literal['in_memory', '24h'] | None = None
     service_tier: Tier | None = None
     tools: Annotated[list, Field(max_length=MAX_TOOLS)] | None = None
@@ -118,7 +121,7 @@ class ResponsesShape(_Common):
     input: Union[str, Annotated[list, Field(max_length=MAX_INPUT_ITEMS)]] | None = None
     instructions: str | None = None
     previous_response_id: str | None = None
-    max_output_tokens: Count | None = None
+    max_output_tokens: OutputLimit | None = None
     max_tool_calls: Count | None = None
     reasoning: Reasoning | None = None
     text: Text | None = None
