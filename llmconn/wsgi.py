@@ -28,6 +28,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
 import time as mod_time
 from dataclasses import dataclass
 from functools import partial
@@ -161,8 +162,9 @@ class App:
         """Why the configuration file failed to reload (the previous one keeps serving), or ''."""
         status = self.host.config.status() if self.host.config else {}
         error = status.get('last_error') or ''
-        # The file's name, not where it lives: /health answers anyone. The errors never quote values.
-        return error.replace(str(self.host.config.path), status['file']) if error else ''
+        # Paths relative to the configuration's directory (the files it names are there too), not
+        # where it lives: /health answers anyone. The errors never quote values.
+        return error.replace(str(self.host.config.path.parent) + os.sep, '') if error else ''
 
     def store_problem(self) -> str:
         """'' when the chat store answers, else a short reason without its address."""

@@ -422,6 +422,12 @@ def test_health_and_ready_report_a_config_that_failed_to_reload(tmp_path, fake):
         config.write_text(config.read_text().replace('provider: nope', 'provider: claude\n    model: m'))
         assert wait_for(lambda: s.get('ready').json() == {'status': 'ready'})
         assert s.get('health').json() == {'status': 'ok'}
+        # A file the configuration names is shown relative to it too: /health answers anyone.
+        config.write_text(config.read_text() + '  - name: t\n    provider: template\n    model: m\n'
+                          '    request_template_file: gone.j2\n    response_template_file: gone.j2\n')
+        assert wait_for(lambda: s.get('health').json()['status'] == 'config-error')
+        error = s.get('health').json()['error']
+        assert 'cannot read gone.j2' in error and str(tmp_path) not in error
     finally:
         s.close()
 
