@@ -48,6 +48,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) bench/usage_bench.py $(BENCH_ARGS)
 	$(PY) bench/bench_metrics.py $(BENCH_ARGS)
 	$(PY) bench/bench_cost.py $(BENCH_ARGS)
+	$(PY) bench/bench_rich.py $(BENCH_ARGS)
 	$(PY) bench/bench_gateway.py $(BENCH_ARGS)
 	$(PY) bench/bench_litellm.py --litellm $(BENCH_VENV)/bin/litellm $(BENCH_ARGS)
 

@@ -27,7 +27,7 @@ _LAZY = {
     **{name: 'llmconn.errors' for name in (
         'LLMConnError', 'ConfigError', 'InvalidInput', 'UnknownConnection', 'InactiveConnection', 'LLMError',
         'LLMTimeout', 'LLMRateLimited', 'LLMAuthError', 'ChatBusy', 'StoreError', 'LockLost', 'ServiceError',
-        'UnknownService', 'ToolLoopLimit')},
+        'UnknownService', 'ToolLoopLimit', 'StructuredOutputError')},
 }
 
 __all__ = list(_LAZY)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 from llmconn import items as mod_items
+from llmconn import structured
 from llmconn import tools as mod_tools
 from llmconn import observe
 from llmconn.checks import MAX_CHAT_ID_CHARS, MAX_TEXT_CHARS, check_params, check_skill  # noqa: F401
@@ -43,7 +44,7 @@ from llmconn.config import ConnectionConfig
 from llmconn.errors import InactiveConnection, InvalidInput, LLMError, ToolLoopLimit
 from llmconn.lifetime import Counted, InFlight
 from llmconn.providers import PROVIDERS
-from llmconn.providers.base import STREAM, SYSTEM, TOOLS, Chain
+from llmconn.providers.base import STREAM, STRUCTURED, SYSTEM, TOOLS, Chain
 from llmconn.providers.caching import chat_cache_key
 from llmconn.skills import SkillCache
 from llmconn.text import clean, clean_value
@@ -65,6 +66,7 @@ class _Call:
     tools: tuple = ()
     hosted: tuple = ()
     by_name: dict = field(default_factory=dict)
+    schema: structured.OutputSchema | None = None
 
 
 class Connection:
@@ -91,26 +93,31 @@ class Connection:
 
     # -- public API ------------------------------------------------------------------------------
 
-    def invoke(self, text: str, skill: str = '', tools: Any = None, **params: Any) -> dict:
-        """One-shot call: no history is read, written or locked."""
-        return self._drain(self.run(CallSpec(text, skill=skill, params=params, tools=tools)))
+    def invoke(self, text: str, skill: str = '', tools: Any = None, schema: Any = None, **params: Any) -> dict:
+        """One-shot call: no history is read, written or locked.
+
+        ``schema=`` (a pydantic model class or a JSON Schema dict) asks for an answer in it: the
+        result's ``parsed`` holds it, validated (see :mod:`llmconn.structured`).
+        """
+        return self._drain(self.run(CallSpec(text, skill=skill, params=params, tools=tools, schema=schema)))
 
     def chat(self, text: str = '', chat_id: str = '', skill: str = '', tools: Any = None,
-             tool_outputs: dict | None = None, **params: Any) -> dict:
+             tool_outputs: dict | None = None, schema: Any = None, **params: Any) -> dict:
         """A call that continues the conversation ``chat_id``; without one it is exactly ``invoke``.
 
         ``tool_outputs={call_id: output}`` (and no text) answers a turn left pending by manual tools.
         """
-        return self._drain(self.run(CallSpec(text, chat_id, skill, params, tools=tools, outputs=tool_outputs)))
+        return self._drain(self.run(CallSpec(text, chat_id, skill, params, tools=tools, outputs=tool_outputs,
+                                             schema=schema)))
 
     def stream(self, text: str = '', chat_id: str = '', skill: str = '', tools: Any = None,
-               tool_outputs: dict | None = None, **params: Any) -> Iterator[Event]:
+               tool_outputs: dict | None = None, schema: Any = None, **params: Any) -> Iterator[Event]:
         """Like ``chat``, but yields ``thinking`` / ``text`` deltas, ``tool_call`` / ``tool_result``
         events and one final ``done``."""
         if STREAM not in self.provider.capabilities:
             raise InvalidInput(f'{self.name}: provider {self.conf.provider} does not support the capability '
                                f'"{STREAM}"; use chat() instead')
-        return self.run(CallSpec(text, chat_id, skill, params, True, tools, tool_outputs))
+        return self.run(CallSpec(text, chat_id, skill, params, True, tools, tool_outputs, schema=schema))
 
     def run(self, spec: CallSpec) -> Iterator[Event]:
         """The one entry of every provider call: check ``spec`` now, then return its lazy events.
@@ -198,13 +205,14 @@ class Connection:
         check_params(spec.params, self.provider.reserved_params)
         call = _Call(spec, system=self._system(spec.skill, spec.system))
         self._check_tools(call, spec.tools)
+        call.schema = self._check_schema(spec.schema)
         return call
 
     def _pipeline(self, call: _Call, tally) -> Iterator[Event]:
         spec = call.spec
         if not spec.chat_id:
             loop = yield from self._turn(call, list(spec.history), None, tally)
-            yield Event('done', result=loop.result, reply=loop.last)
+            yield Event('done', result=self._result(call, loop), reply=loop.last)
             return
         conf = self.conf
         # The lock is released on every way out; if that release fails while another error is
@@ -218,7 +226,7 @@ class Connection:
             call.system = system_with(call.system, compacted.summary)
             call.summary = summary_block(compacted.summary)
             loop = yield from self._turn(call, window, pending, tally)
-            result = loop.result
+            result = self._result(call, loop)
             if compacted.usage is not None:
                 result['usage']['compaction'] = compacted.usage
             lock.save(Turn(user=pending.user if pending else spec.text, assistant=loop.text,
@@ -249,7 +257,7 @@ class Connection:
         base = Request(pending.user if pending else spec.text, call.system, (), spec.params, spec.stream,
                        tools=call.tools, hosted=call.hosted, chain=spec.chain, tag=self.provider.tag,
                        stateless=spec.stateless, cache_key=chat_cache_key(self.name, spec.chat_id),
-                       summary=call.summary)
+                       summary=call.summary, schema=call.schema)
         loop = TurnLoop(pending, spec.outputs, self.provider.tag, given=spec.items, given_tag=spec.tag,
                         pricing=self.conf.pricing)
         while True:
@@ -273,6 +281,13 @@ class Connection:
             yield from self._run_tools(call, loop, reply.calls)
             if loop.waiting:
                 return loop
+
+    def _result(self, call: _Call, loop: TurnLoop) -> dict:
+        """The call's result; with a schema, its final answer parsed (StructuredOutputError: nothing saved)."""
+        result = loop.result
+        if call.schema is not None and not loop.waiting:
+            result['parsed'] = structured.parse(call.schema, loop.items, loop.text, self.name, loop.last.raw)
+        return result
 
     def _run_tools(self, call: _Call, loop: TurnLoop, calls: list[dict]) -> Iterator[Event]:
         for item in calls:
@@ -367,6 +382,12 @@ class Connection:
         call.hosted = call.spec.hosted + mod_tools.check_hosted(hosted, self.conf.hosted_tools)
         call.tools = mod_tools.prepare([t for t in tools if not isinstance(t, dict)])
         call.by_name = {t.name: t for t in call.tools}
+
+    def _check_schema(self, schema: Any) -> structured.OutputSchema | None:
+        if schema is not None and STRUCTURED not in self.provider.capabilities:
+            raise InvalidInput(f'{self.name}: provider {self.conf.provider} does not support the capability '
+                               f'"{STRUCTURED}"; call it without schema=')
+        return structured.prepare(schema)
 
     @staticmethod
     def _drain(events: Iterator[Event]) -> dict:

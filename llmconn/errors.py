@@ -79,6 +79,15 @@ class LLMAuthError(LLMError):
     """The provider refused the credentials (401 or 403)."""
 
 
+class StructuredOutputError(LLMError):
+    """The answer to a ``schema=`` call did not parse or validate (``.text``), or the model refused (``.refusal``)."""
+
+    def __init__(self, message: str, *, text: str = '', refusal: str = '', **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.text = text
+        self.refusal = refusal
+
+
 class ChatBusy(LLMConnError):
     """Another call held the chat's lock for longer than ``lock_wait``."""
 

@@ -187,21 +187,23 @@ def check(tool: Tool) -> None:
     check_schema(tool.name, tool.parameters)
 
 
-def check_schema(name: str, schema: Any) -> None:
+def check_schema(name: str, schema: Any, label: str = '') -> None:
+    """One schema within the limits; ``label`` names it in errors (default: the tool's parameters)."""
+    label = label or f'tool "{name}": parameters'
     if not isinstance(schema, dict) or schema.get('type') != 'object':
-        raise InvalidInput(f'tool "{name}": parameters must be a JSON Schema object with "type": "object"')
+        raise InvalidInput(f'{label} must be a JSON Schema object with "type": "object"')
     try:
         text = json.dumps(schema, sort_keys=True)
     except RecursionError:
-        raise InvalidInput(f'tool "{name}": parameters nests deeper than the limit of {MAX_SCHEMA_DEPTH} '
+        raise InvalidInput(f'{label} nests deeper than the limit of {MAX_SCHEMA_DEPTH} '
                            f'levels; flatten the schema') from None
     except (TypeError, ValueError) as e:
-        raise InvalidInput(f'tool "{name}": parameters is not JSON ({e})') from None
-    _check_refs(name, schema)
-    _check_schema_text(name, text)
+        raise InvalidInput(f'{label} is not JSON ({e})') from None
+    _check_refs(label, schema)
+    _check_schema_text(label, text)
 
 
-def _check_refs(name: str, schema: Any) -> None:
+def _check_refs(label: str, schema: Any) -> None:
     """Only references inside the schema itself (``#...``): anything else would be a URL to fetch.
 
     jsonschema retrieves an unknown ``$ref`` over HTTP when it validates, which
@@ -214,14 +216,14 @@ def _check_refs(name: str, schema: Any) -> None:
             for key in REF_KEYWORDS:
                 ref = value.get(key)
                 if ref is not None and not (isinstance(ref, str) and ref.startswith('#')):
-                    raise InvalidInput(f'tool "{name}": parameters has {key} {_short(ref)}, which points outside '
+                    raise InvalidInput(f'{label} has {key} {_short(ref)}, which points outside '
                                        f'the schema; inline it under "$defs" and refer to it as "#/$defs/..."')
             stack.extend(value.values())
         elif isinstance(value, list):
             stack.extend(value)
 
 
-def _check_schema_text(name: str, text: str) -> None:
+def _check_schema_text(label: str, text: str) -> None:
     """The checks of one serialized schema; a schema that passed (or failed) is not checked again."""
     digest = hashlib.sha256(text.encode('utf-8', 'surrogatepass')).digest()
     problem = _schema_problems.get(digest)
@@ -231,7 +233,7 @@ def _check_schema_text(name: str, text: str) -> None:
             _schema_problems.pop(next(iter(_schema_problems)), None)      # the oldest goes first
         _schema_problems[digest] = problem
     if problem:
-        raise InvalidInput(f'tool "{name}": {problem}')
+        raise InvalidInput(f'{label} {problem}')
 
 
 # What was found wrong with each schema checked ('' for nothing), by the digest of its text: jsonschema's
@@ -245,14 +247,14 @@ def _schema_problem(text: str) -> str:
     schema = json.loads(text)
     size = len(text.encode('utf-8', 'surrogatepass'))
     if size > MAX_SCHEMA_BYTES:
-        return f'parameters is {size} bytes serialized, more than the limit of {MAX_SCHEMA_BYTES}; simplify the schema'
+        return f'is {size} bytes serialized, more than the limit of {MAX_SCHEMA_BYTES}; simplify the schema'
     depth = _depth(schema)
     if depth > MAX_SCHEMA_DEPTH:
-        return f'parameters nests {depth} levels deep, more than the limit of {MAX_SCHEMA_DEPTH}; flatten the schema'
+        return f'nests {depth} levels deep, more than the limit of {MAX_SCHEMA_DEPTH}; flatten the schema'
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as e:
-        return f'parameters is not a valid JSON Schema (draft 2020-12): {e.message}'
+        return f'is not a valid JSON Schema (draft 2020-12): {e.message}'
     return ''
 
 

@@ -88,6 +88,7 @@ class Request:
     # The compaction summary ``system`` ends with (llmconn.compaction): Claude sends it as a block of
     # its own, after the skill's, so the skill stays cached when the summary changes.
     summary: str = ''
+    schema: Any = None                  # llmconn.structured.OutputSchema the answer must follow, or None
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ class CallSpec:
     stateless: bool = False             # the provider must keep nothing (the gateway's ``store: false``)
     run_tools: bool = True              # False: every call the model makes goes back to the caller
     key_id: str = ''                    # the gateway key the usage ledger counts the call under
+    schema: Any = None                  # ``schema=``: a pydantic model class or a JSON Schema dict
 
 
 # The counts a call's usage holds (SPEC §17), 0 when the provider reports none. ``input_tokens``

@@ -9,7 +9,7 @@ from anthropic.types import (Message, MessageParam, RawContentBlockDeltaEvent, R
 from anthropic.types.message_create_params import MessageCreateParamsNonStreaming, MessageCreateParamsStreaming
 
 from llmconn.errors import ConfigError, InvalidInput, LLMError
-from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, TOOLS
+from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, TOOLS, STRUCTURED
 from llmconn.types import Request, Turn
 
 from provider_helpers import SECRET, assert_valid, make_provider, run_stream, same_answer, sse
@@ -52,7 +52,7 @@ def test_urls_headers_and_capabilities():
     assert provider.ping_url() == 'http://127.0.0.1:9/v1/models'
     assert provider.headers() == {'content-type': 'application/json', 'anthropic-version': '2023-06-01',
                                   'x-api-key': SECRET}
-    assert provider.capabilities == {STREAM, SYSTEM, THINKING, REASONING_REPLAY, TOOLS}
+    assert provider.capabilities == {STREAM, SYSTEM, THINKING, REASONING_REPLAY, TOOLS, STRUCTURED}
     assert claude().conf.address == 'https://api.anthropic.com'
 
 

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from llmconn.errors import ConfigError, InvalidInput, LLMError
-from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS
+from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS, STRUCTURED
 from llmconn.types import Request, Turn
 
 from provider_helpers import SECRET, make_provider, run_stream, same_answer
@@ -78,7 +78,7 @@ def test_urls_headers_and_capabilities():
                                          ':streamGenerateContent?alt=sse')
     assert provider.ping_url() == 'http://127.0.0.1:9/v1beta/models'
     assert provider.headers() == {'content-type': 'application/json', 'x-goog-api-key': SECRET}
-    assert provider.capabilities == {STREAM, SYSTEM, TOOLS}
+    assert provider.capabilities == {STREAM, SYSTEM, TOOLS, STRUCTURED}
     assert gemini().conf.address == 'https://generativelanguage.googleapis.com/v1beta'
 
 

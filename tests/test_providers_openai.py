@@ -8,7 +8,7 @@ from openai.types.chat.completion_create_params import (CompletionCreateParamsNo
                                                         CompletionCreateParamsStreaming)
 
 from llmconn.errors import ConfigError, InvalidInput, LLMError
-from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS
+from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS, STRUCTURED
 from llmconn.types import Request, Turn
 
 from provider_helpers import SECRET, assert_valid, make_provider, run_stream, same_answer, sse
@@ -59,7 +59,7 @@ def test_urls_headers_and_capabilities():
     assert provider.url() == provider.url(stream=True) == 'http://127.0.0.1:9/v1/chat/completions'
     assert provider.ping_url() == 'http://127.0.0.1:9/v1/models'
     assert provider.headers() == {'content-type': 'application/json', 'authorization': f'Bearer {SECRET}'}
-    assert provider.capabilities == {STREAM, SYSTEM, TOOLS}
+    assert provider.capabilities == {STREAM, SYSTEM, TOOLS, STRUCTURED}
     assert openai().conf.address == 'https://api.openai.com/v1'
 
 

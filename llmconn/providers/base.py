@@ -31,6 +31,7 @@ THINKING = 'thinking'
 REASONING_REPLAY = 'reasoning_replay'
 STATEFUL = 'stateful'
 TOOLS = 'tools'
+STRUCTURED = 'structured'       # schema= answered natively (llmconn.structured)
 
 # OpenAI's end-of-stream marker; some servers imitating other providers send it too.
 DONE_MARKER = '[DONE]'

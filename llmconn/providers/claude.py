@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator
 
 from llmconn import items as mod_items
 from llmconn.errors import InvalidInput
-from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, SYSTEM, THINKING, TOOLS, Provider
+from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, STRUCTURED, SYSTEM, THINKING, TOOLS, Provider
 from llmconn.providers.base import is_done_marker, json_event, nonempty, plain_reply
 from llmconn.providers.base import tokens
 from llmconn.providers.caching import place_breakpoints, system_blocks
@@ -56,7 +56,7 @@ class ClaudeProvider(Provider):
 
     name = 'claude'
     default_address = 'https://api.anthropic.com'
-    capabilities = frozenset({STREAM, SYSTEM, THINKING, REASONING_REPLAY, TOOLS})
+    capabilities = frozenset({STREAM, SYSTEM, THINKING, REASONING_REPLAY, TOOLS, STRUCTURED})
     reserved_params = frozenset({'model', 'messages', 'system', 'stream', 'thinking', 'tools'})
 
     @classmethod
@@ -116,6 +116,8 @@ class ClaudeProvider(Provider):
         tools = [_tool(t) for t in request.tools] + list(request.hosted)
         if tools:
             body['tools'] = tools
+        if request.schema is not None:
+            body['output_config'] = {'format': {'type': 'json_schema', 'schema': request.schema.schema}}
         if request.stream:
             body['stream'] = True
         body.update(self.body_params(request))
@@ -132,6 +134,9 @@ class ClaudeProvider(Provider):
         text = ''.join(b.get('text') or '' for b in blocks if b.get('type') == 'text')
         items = tuple(b for b in blocks if b.get('type') in _thinking_types)
         steps = tuple(_step(b) for b in blocks)
+        if body.get('stop_reason') == 'refusal':    # what it said instead of answering is a refusal
+            steps = tuple(mod_items.refusal(s['text']) if s['kind'] == mod_items.TEXT else s for s in steps)
+            steps = steps or (mod_items.refusal(''),)
         thinking = THINKING_SEPARATOR.join(b.get('thinking') or '' for b in items if b.get('type') == 'thinking')
         return Reply(text=text, **_usage(body.get('usage') or {}), raw=body,
                      thinking=thinking, items=items, response_id=body.get('id', ''),

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Iterator
 from urllib.parse import quote
 
 from llmconn import items as mod_items
-from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS, Provider
+from llmconn.providers.base import SSE, STREAM, STRUCTURED, SYSTEM, TOOLS, Provider
 from llmconn.providers.base import is_done_marker, json_event, nonempty, plain_reply
 from llmconn.providers.base import tokens
 from llmconn.types import Event, Reply, Request
@@ -53,7 +53,7 @@ class GeminiProvider(Provider):
 
     name = 'gemini'
     default_address = 'https://generativelanguage.googleapis.com/v1beta'
-    capabilities = frozenset({STREAM, SYSTEM, TOOLS})
+    capabilities = frozenset({STREAM, SYSTEM, TOOLS, STRUCTURED})
     json_answer_is_chunks = True       # streamGenerateContent without alt=sse: a JSON array of chunks
     reserved_params = frozenset({'contents', 'systemInstruction', 'system_instruction', 'tools'})
 
@@ -100,6 +100,8 @@ class GeminiProvider(Provider):
         if request.system:
             body['systemInstruction'] = {'parts': [{'text': request.system}]}
         generation = {'maxOutputTokens': self.conf.max_tokens}
+        if request.schema is not None:
+            generation.update(responseMimeType='application/json', responseJsonSchema=request.schema.schema)
         params = self.body_params(request)
         for key in _generation_keys:
             generation.update(params.pop(key, None) or {})

@@ -31,7 +31,7 @@ import re
 from typing import Any, Iterable, Iterator
 
 from llmconn import items as mod_items
-from llmconn.providers.base import SSE, STREAM, SYSTEM, TOOLS, Provider, is_done_marker
+from llmconn.providers.base import SSE, STREAM, STRUCTURED, SYSTEM, TOOLS, Provider, is_done_marker
 from llmconn.providers.base import arguments_json, json_event, nonempty, parse_arguments, plain_reply
 from llmconn.providers.base import tokens
 from llmconn.types import Event, Reply, Request
@@ -50,7 +50,7 @@ class OpenAIProvider(Provider):
 
     name = 'openai'
     default_address = 'https://api.openai.com/v1'
-    capabilities = frozenset({STREAM, SYSTEM, TOOLS})
+    capabilities = frozenset({STREAM, SYSTEM, TOOLS, STRUCTURED})
     reserved_params = frozenset({'model', 'messages', 'stream', 'stream_options', 'n', 'tools'})
 
     cut_short = {'length': 'max_output_tokens', 'content_filter': 'content_filter'}
@@ -86,6 +86,8 @@ class OpenAIProvider(Provider):
         tools = [_tool(t) for t in request.tools] + list(request.hosted)
         if tools:
             body['tools'] = tools
+        if request.schema is not None:
+            body['response_format'] = response_format(request.schema)
         if request.stream:
             body['stream'] = True
             body['stream_options'] = {'include_usage': True}
@@ -232,6 +234,11 @@ def _tool(tool) -> dict:
     if tool.strict is not None:
         function['strict'] = tool.strict
     return {'type': 'function', 'function': function}
+
+
+def response_format(schema) -> dict:
+    """Chat Completions' structured output: a strict json_schema (llmconn.structured)."""
+    return {'type': 'json_schema', 'json_schema': {'name': schema.name, 'schema': schema.schema, 'strict': True}}
 
 
 def bearer_headers(conf) -> dict[str, str]:

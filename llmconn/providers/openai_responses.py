@@ -44,7 +44,8 @@ from typing import Any, Iterable, Iterator
 
 from llmconn import items as mod_items
 from llmconn.errors import LLMError
-from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, TOOLS, Chain, Provider
+from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, STRUCTURED, SYSTEM, TOOLS, Chain
+from llmconn.providers.base import Provider
 from llmconn.providers.base import arguments_json, forgot_previous, is_done_marker, json_event, nonempty, plain_reply
 from llmconn.providers.base import parse_arguments
 from llmconn.providers.base import tokens
@@ -71,7 +72,7 @@ class OpenAIResponsesProvider(Provider):
 
     name = 'openai-responses'
     default_address = 'https://api.openai.com/v1'
-    capabilities = frozenset({STREAM, SYSTEM, REASONING_REPLAY, STATEFUL, TOOLS})
+    capabilities = frozenset({STREAM, SYSTEM, REASONING_REPLAY, STATEFUL, TOOLS, STRUCTURED})
     reserved_params = frozenset({'model', 'input', 'instructions', 'stream', 'store', 'previous_response_id',
                                  'tools'})
 
@@ -126,6 +127,9 @@ class OpenAIResponsesProvider(Provider):
         tools = [_tool(t) for t in request.tools] + list(request.hosted)
         if tools:
             body['tools'] = tools
+        if request.schema is not None:
+            body['text'] = {'format': {'type': 'json_schema', 'name': request.schema.name,
+                                       'schema': request.schema.schema, 'strict': True}}
         if request.stream:
             body['stream'] = True
         params = self.body_params(request)

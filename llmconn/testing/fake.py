@@ -27,11 +27,14 @@ import uuid
 from collections import deque
 from typing import Any, Iterable, Iterator, Mapping
 
+from llmconn import items as mod_items
+from llmconn import structured
 from llmconn import tools as mod_tools
 from llmconn.checks import check_chat_id, check_params, check_skill, check_text
 from llmconn.errors import InvalidInput, UnknownConnection
 from llmconn.providers import PROVIDERS
 from llmconn.testing.fake_common import count_words, reply_text, text_chunks
+from llmconn.testing.fake_structured import answer as structured_answer
 from llmconn.testing.fake_tools import TOOL_ANSWER_PREFIX, requested_calls
 # The very conversion a connection applies to tool_outputs (a str, or JSON of any other value).
 from llmconn.tool_loop import _output_text as output_text, check_outputs
@@ -88,19 +91,20 @@ class FakeConnection:
 
     # The public API of a connection
 
-    def invoke(self, text: str, skill: str = '', tools: Any = None, **params: Any) -> dict:
-        return self._answer('invoke', text, '', skill, params, tools, None)
+    def invoke(self, text: str, skill: str = '', tools: Any = None, schema: Any = None, **params: Any) -> dict:
+        return self._answer('invoke', text, '', skill, params, tools, None, schema)
 
     def chat(self, text: str = '', chat_id: str = '', skill: str = '', tools: Any = None,
-             tool_outputs: dict | None = None, **params: Any) -> dict:
-        return self._answer('chat', text, chat_id, skill, params, tools, tool_outputs)
+             tool_outputs: dict | None = None, schema: Any = None, **params: Any) -> dict:
+        return self._answer('chat', text, chat_id, skill, params, tools, tool_outputs, schema)
 
     def stream(self, text: str = '', chat_id: str = '', skill: str = '', tools: Any = None,
-               tool_outputs: dict | None = None, **params: Any) -> Iterator[Event]:
+               tool_outputs: dict | None = None, schema: Any = None, **params: Any) -> Iterator[Event]:
         """Checks and records now; deltas, then one ``done``, as the caller iterates."""
         prepared = self._checked(text, chat_id, skill, params, tools, tool_outputs)
+        output = structured.prepare(schema)
         reply = self._record_and_pop('stream', text, chat_id, skill, params, prepared, tool_outputs)
-        return self._stream(reply, text, chat_id, skill, prepared, tool_outputs)
+        return self._stream(reply, text, chat_id, skill, prepared, tool_outputs, output)
 
     def ping(self) -> bool:
         self.calls.append({'method': 'ping', 'text': '', 'chat_id': '', 'skill': '', 'params': {}})
@@ -140,10 +144,11 @@ class FakeConnection:
         return prepared
 
     def _answer(self, method: str, text: str, chat_id: str, skill: str, params: dict, tools: Any,
-                outputs: dict | None) -> dict:
+                outputs: dict | None, schema: Any = None) -> dict:
         prepared = self._checked(text, chat_id, skill, params, tools, outputs)
+        output = structured.prepare(schema)       # checked as a connection checks it
         reply = self._record_and_pop(method, text, chat_id, skill, params, prepared, outputs)
-        return self._turn(reply, text, chat_id, skill, prepared, outputs)
+        return self._turn(reply, text, chat_id, skill, prepared, outputs, output)
 
     def _record_and_pop(self, method: str, text: str, chat_id: str, skill: str, params: dict,
                         tools: tuple = (), outputs: dict | None = None) -> Any:
@@ -165,13 +170,22 @@ class FakeConnection:
             messages = self._chats.get(chat_id, [])
             return list(messages[-keep:]) if keep > 0 else []
 
-    def _turn(self, reply: Any, text: str, chat_id: str, skill: str, tools: tuple, outputs: dict | None) -> dict:
+    def _turn(self, reply: Any, text: str, chat_id: str, skill: str, tools: tuple, outputs: dict | None,
+              output: structured.OutputSchema | None = None) -> dict:
         """The result of one call, saved to the chat (a pending turn completed by ``outputs`` replaced)."""
         with self._lock:
             pending = self._pending.pop(chat_id, None) if outputs is not None else None
         if pending is not None:
             text = pending['user']
+        refused = ''
+        if output is not None and reply is None and not requested_calls(text, [t.name for t in tools]):
+            answer, refused = structured_answer(output.schema, text)     # as the fake provider's model answers
+            reply = answer or refused
         result = self._result(reply, text, chat_id, skill, tools, pending, outputs)
+        if output is not None and result.get('stop_reason') != 'tool_calls' and 'parsed' not in result:
+            # The very parse a connection makes: a queued reply that does not fit raises as it would.
+            said = mod_items.refusal(refused) if refused else mod_items.text(result['text'])
+            result['parsed'] = structured.parse(output, [said], result['text'], self.name)
         if chat_id and result.get('stop_reason') == 'tool_calls':
             with self._lock:
                 self._pending[chat_id] = {'user': text, 'calls': result['tool_calls']}
@@ -212,8 +226,8 @@ class FakeConnection:
             messages.extend([{'role': 'user', 'content': text}, answer])
 
     def _stream(self, reply: Any, text: str, chat_id: str, skill: str, tools: tuple = (),
-                outputs: dict | None = None) -> Iterator[Event]:
-        result = self._turn(reply, text, chat_id, skill, tools, outputs)
+                outputs: dict | None = None, output: structured.OutputSchema | None = None) -> Iterator[Event]:
+        result = self._turn(reply, text, chat_id, skill, tools, outputs, output)
         if result.get('thinking'):
             yield Event('thinking', text=result['thinking'])
         for call in result.get('tool_calls', ()):

@@ -21,6 +21,7 @@ from llmconn.testing.fake_common import (
     REDACT_PREFIX, THINK_PREFIX, ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id,
     reply_text, require_json_object, text_chunks)
 from llmconn.testing.fake_cache import CacheRefused, claude_usage
+from llmconn.testing.fake_structured import answer, claude_format
 from llmconn.testing.fake_tools import argument_chunks, decide, violation
 
 NAME = 'claude'
@@ -167,14 +168,19 @@ def messages(call: Call) -> JSONAnswer | StreamAnswer:
     outputs = [_result_text(b) for b in _blocks(history[-1], 'tool_result')]
     declared = [t.get('name') for t in body.get('tools') or () if isinstance(t, dict)]
     system = _text_of(body.get('system'))
+    schema = claude_format(body.get('output_config'), error)
     action = decide(users[-1] if users else '', outputs, declared)
     if isinstance(action, list):
         content = _tool_blocks(body, action, call.state.signer)
         text, stop = '', 'tool_use'
     else:
         text = action if isinstance(action, str) else reply_text(users, bool(system))
+        stop = 'end_turn'
+        if schema is not None:
+            text, refusal = answer(schema, users[-1] if users else '')
+            text, stop = (refusal, 'refusal') if refusal else (text, stop)
         thinking = _thinking_blocks(body, users[-1] if users else '', call.state.signer) if not outputs else []
-        content, stop = thinking + [{'type': 'text', 'text': text}], 'end_turn'
+        content = thinking + [{'type': 'text', 'text': text}]
     message = {
         'id': new_id('msg_'), 'type': 'message', 'role': 'assistant', 'model': body['model'],
         'content': content, 'stop_reason': stop, 'stop_sequence': None,

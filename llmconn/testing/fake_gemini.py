@@ -19,6 +19,7 @@ from llmconn.testing.fake_cache import gemini_cached
 from llmconn.testing.fake_common import (
     THINK_PREFIX, ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id, reply_text,
     require_json_object, text_chunks)
+from llmconn.testing.fake_structured import answer, gemini_format
 from llmconn.testing.fake_tools import decide, signed_call, violation
 
 NAME = 'gemini'
@@ -116,6 +117,7 @@ def generate_content(call: Call) -> JSONAnswer | StreamAnswer:
     declared = [d.get('name') for t in body.get('tools') or () if isinstance(t, dict)
                 for d in t.get('functionDeclarations') or () if isinstance(d, dict)]
     system = _parts_text(body.get('systemInstruction') or body.get('system_instruction'))
+    schema = gemini_format(body.get('generationConfig'), error)
     action = decide(users[-1] if users else '', outputs, declared)
     if isinstance(action, list):
         signer = call.state.signer
@@ -124,6 +126,8 @@ def generate_content(call: Call) -> JSONAnswer | StreamAnswer:
         text = ''
     else:
         text = action if isinstance(action, str) else reply_text(users, bool(system))
+        if schema is not None:      # Gemini has no refusal of its own: refused words come as the text
+            text = ''.join(answer(schema, users[-1] if users else ''))
         parts = [{'text': text}]
     thinking = ((body.get('generationConfig') or {}).get('thinkingConfig') or {}).get('includeThoughts')
     last_user = users[-1] if users else ''

@@ -18,6 +18,7 @@ from llmconn.testing.fake_cache import openai_cached
 from llmconn.testing.fake_common import (
     ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id, now, reply_text,
     require_json_object, text_chunks)
+from llmconn.testing.fake_structured import answer, openai_format
 from llmconn.testing.fake_tools import argument_chunks, decide, violation
 
 NAME = 'openai'
@@ -131,14 +132,18 @@ def chat_completions(call: Call) -> JSONAnswer | StreamAnswer:
             break
         outputs.insert(0, text)
     declared = [(t.get('function') or {}).get('name') for t in body.get('tools') or () if isinstance(t, dict)]
+    schema = openai_format(body.get('response_format'), 'response_format', error)
     action = decide(users[-1] if users else '', outputs, declared)
     calls = action if isinstance(action, list) else []
     text = action if isinstance(action, str) else '' if calls else reply_text(users, system)
+    refusal = ''
+    if schema is not None and not calls:
+        text, refusal = answer(schema, users[-1] if users else '')
     tool_calls = [{'id': new_id('call_'), 'type': 'function',
                    'function': {'name': name, 'arguments': json.dumps(args, separators=(',', ':'))}}
                   for name, args in calls]
     billed = openai_cached(call.state.cache, body, texts)
-    prompt, completion = billed.total, max(1, count_words(text))
+    prompt, completion = billed.total, max(1, count_words(text or refusal))
     usage = {'prompt_tokens': prompt, 'completion_tokens': completion, 'total_tokens': prompt + completion,
              'prompt_tokens_details': {'cached_tokens': billed.read, 'audio_tokens': 0},
              'completion_tokens_details': {'reasoning_tokens': 0, 'audio_tokens': 0,
@@ -148,8 +153,8 @@ def chat_completions(call: Call) -> JSONAnswer | StreamAnswer:
             'system_fingerprint': 'fp_fake', 'service_tier': 'default'}
     if body.get('stream'):
         include_usage = bool((body.get('stream_options') or {}).get('include_usage'))
-        return _stream(head, text, usage if include_usage else None, tool_calls)
-    message = {'role': 'assistant', 'content': text or None, 'refusal': None, 'annotations': []}
+        return _stream(head, text, usage if include_usage else None, tool_calls, refusal)
+    message = {'role': 'assistant', 'content': text or None, 'refusal': refusal or None, 'annotations': []}
     if tool_calls:
         message['tool_calls'] = tool_calls
     choice = {'index': 0, 'message': message, 'logprobs': None,
@@ -168,7 +173,7 @@ def _call_deltas(tool_calls: list) -> list[dict]:
     return deltas
 
 
-def _stream(head: dict, text: str, usage: dict | None, tool_calls: list) -> StreamAnswer:
+def _stream(head: dict, text: str, usage: dict | None, tool_calls: list, refusal: str = '') -> StreamAnswer:
     def chunk(delta: dict | None, finish: str | None = None) -> tuple:
         data = dict(head, object='chat.completion.chunk')
         data['choices'] = [] if delta is None else [
@@ -181,6 +186,8 @@ def _stream(head: dict, text: str, usage: dict | None, tool_calls: list) -> Stre
     events = [chunk({'role': 'assistant', 'content': '', 'refusal': None})]
     if text:
         events += [chunk({'content': piece}) for piece in text_chunks(text)]
+    if refusal:
+        events += [chunk({'refusal': piece}) for piece in text_chunks(refusal)]
     events += [chunk(delta) for delta in _call_deltas(tool_calls)]
     events.append(chunk({}, 'tool_calls' if tool_calls else 'stop'))
     if usage is not None:

@@ -26,6 +26,7 @@ from llmconn.testing.fake_common import (
     Call, JSONAnswer, StreamAnswer, count_words, new_id, now, numbered, reply_text,
     require_json_object, text_chunks)
 from llmconn.testing.fake_openai import SYSTEM_ROLES, content_text, empty_array, error, missing
+from llmconn.testing.fake_structured import answer, openai_format
 from llmconn.testing.fake_tools import argument_chunks, decide, violation
 
 ROLES = ('user', 'assistant', 'system', 'developer')
@@ -138,7 +139,7 @@ def _declared(body: dict, *kinds: str) -> list:
     return [t.get('name') for t in body.get('tools') or () if isinstance(t, dict) and t.get('type') in kinds]
 
 
-def _output(body: dict, text: str, last_user: str, signer) -> list:
+def _output(body: dict, text: str, last_user: str, signer, refusal: str = '') -> list:
     output = []
     if body.get('reasoning') is not None:
         summary = f'Reasoning about: {last_user}'
@@ -147,7 +148,8 @@ def _output(body: dict, text: str, last_user: str, signer) -> list:
         if ENCRYPTED_REASONING in (body.get('include') or ()):
             item['encrypted_content'] = signer.seal(summary)
         output.append(item)
-    part = {'type': 'output_text', 'text': text, 'annotations': [], 'logprobs': []}
+    part = ({'type': 'refusal', 'refusal': refusal} if refusal else
+            {'type': 'output_text', 'text': text, 'annotations': [], 'logprobs': []})
     output.append({'id': new_id('msg_'), 'type': 'message', 'role': 'assistant', 'status': 'completed',
                    'content': [part]})
     return output
@@ -179,24 +181,29 @@ def responses(call: Call) -> JSONAnswer | StreamAnswer:
     users = [text for role, text in context if role == 'user']
     instructions = body.get('instructions') or ''
     declared = _declared(body, 'function', 'custom')
+    schema = openai_format((body.get('text') or {}).get('format'), 'text.format', error)
     action = decide(users[-1] if users else '', outputs, declared)
+    refusal = ''
     if isinstance(action, list):
         text = ''
         output = _calls_output(body, action, call.state.signer, call.state)
     else:
         text = action if isinstance(action, str) else reply_text(
             users, bool(instructions) or any(t for r, t in current if r in SYSTEM_ROLES))
-        output = _output(body, text, users[-1] if users else '', call.state.signer)
+        if schema is not None:
+            text, refusal = answer(schema, users[-1] if users else '')
+        output = _output(body, text, users[-1] if users else '', call.state.signer, refusal)
     reasoning_tokens = sum(count_words(s['text']) for o in output for s in o.get('summary', ()))
     billed = openai_cached(call.state.cache, body, [instructions, *(t for _, t in context), *outputs])
-    usage = _usage(billed.total, max(1, count_words(text)), reasoning_tokens, billed.read)
+    usage = _usage(billed.total, max(1, count_words(text or refusal)), reasoning_tokens, billed.read)
     response = {
         'id': new_id('resp_'), 'object': 'response', 'created_at': now(), 'completed_at': now(),
         'status': 'completed', 'error': None, 'incomplete_details': None, 'instructions': body.get('instructions'),
         'max_output_tokens': body.get('max_output_tokens'), 'model': body['model'], 'output': output,
         'parallel_tool_calls': True, 'previous_response_id': body.get('previous_response_id'),
         'reasoning': body.get('reasoning') or {'effort': None, 'summary': None},
-        'store': body.get('store') is not False, 'temperature': 1.0, 'text': {'format': {'type': 'text'}},
+        'store': body.get('store') is not False, 'temperature': 1.0,
+        'text': body.get('text') or {'format': {'type': 'text'}},
         'tool_choice': 'auto', 'tools': body.get('tools') or [], 'top_p': 1.0, 'truncation': 'disabled',
         'usage': usage, 'metadata': body.get('metadata') or {},
     }
@@ -245,12 +252,17 @@ def _message_events(index: int, item: dict) -> list:
     where = {'item_id': item['id'], 'output_index': index, 'content_index': 0}
     part = item['content'][0]
     events = [_event('response.output_item.added', output_index=index,
-                     item=dict(item, status='in_progress', content=[])),
-              _event('response.content_part.added', part=dict(part, text=''), **where)]
-    events += [_event('response.output_text.delta', delta=d, logprobs=[], **where)
-               for d in text_chunks(part['text'])]
-    events += [_event('response.output_text.done', text=part['text'], logprobs=[], **where),
-               _event('response.content_part.done', part=part, **where),
+                     item=dict(item, status='in_progress', content=[]))]
+    if part['type'] == 'refusal':
+        events.append(_event('response.content_part.added', part=dict(part, refusal=''), **where))
+        events += [_event('response.refusal.delta', delta=d, **where) for d in text_chunks(part['refusal'])]
+        events.append(_event('response.refusal.done', refusal=part['refusal'], **where))
+    else:
+        events.append(_event('response.content_part.added', part=dict(part, text=''), **where))
+        events += [_event('response.output_text.delta', delta=d, logprobs=[], **where)
+                   for d in text_chunks(part['text'])]
+        events.append(_event('response.output_text.done', text=part['text'], logprobs=[], **where))
+    events += [_event('response.content_part.done', part=part, **where),
                _event('response.output_item.done', output_index=index, item=item)]
     return events
 
