@@ -209,6 +209,7 @@ def test_a_reasoning_summary_on_a_chat_completions_backend_is_refused_not_droppe
                      fallback_policy=dict(LOSSY, allowed_losses=['no_reasoning_summary']))
     assert answer.status_code == 200 and gw.fake.requests[-1]['body']['reasoning_effort'] == 'low'
     assert answer.json()['metadata']['llmconn_downgrades'] == 'reasoning.summary:no_reasoning_summary'
+    assert answer.json()['reasoning'] == {'effort': 'low', 'summary': None}      # as it was sent
 
 
 def test_text_verbosity_is_sent_where_the_backend_has_it_and_refused_where_not(gw):

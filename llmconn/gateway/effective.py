@@ -40,7 +40,7 @@ def settings(conn: Any, body: dict, downgrades: list) -> dict:
     out.update(
         max_output_tokens=_limit(conf, sent, configured),
         top_logprobs=0,         # log probabilities are never returned (the no_logprobs loss)
-        reasoning=_reasoning(sent.get('reasoning')),
+        reasoning=_reasoning(sent.get('reasoning'), 'reasoning.summary' not in dropped),
         text=text_setting(sent.get('text'), 'text.verbosity' not in dropped),
         truncation=sent.get('truncation', 'disabled'),
         service_tier=_tier(sent.get('service_tier')),
@@ -83,9 +83,10 @@ def _limit(conf: Any, sent: dict, configured: dict) -> int | None:
     return conf.max_tokens
 
 
-def _reasoning(value: Any) -> dict:
+def _reasoning(value: Any, with_summary: bool = True) -> dict:
     value = value if isinstance(value, dict) else {}
-    return {'effort': value.get('effort'), 'summary': value.get('summary') or value.get('generate_summary')}
+    summary = value.get('summary') or value.get('generate_summary') if with_summary else None
+    return {'effort': value.get('effort'), 'summary': summary}
 
 
 def text_setting(value: Any, with_verbosity: bool = True) -> dict:

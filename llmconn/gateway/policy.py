@@ -110,11 +110,6 @@ def _field(spec: Field, kind: str, value: Any, policy: Policy, resolution: Resol
         _merge(resolution.params, support.to_params(value))
 
 
-def dropped(resolution: Resolution, name: str) -> bool:
-    """Whether the field ``name`` was accepted as a loss (so it must not reach the backend)."""
-    return any(entry.partition(':')[0] == name for entry in resolution.downgrades)
-
-
 def runs_tools(route: str, kind: str) -> bool:
     """Whether backends of ``kind`` take function tools on ``route`` (the matrix's ``tools`` row)."""
     support = ROUTES[route]['tools'].support.get(kind)
