@@ -119,6 +119,9 @@ def _message_item(raw: Any, where: str) -> dict:
         return dict(function_output(raw.get('call_id'), raw.get('output'), where), type=kind)
     if kind == 'reasoning':
         return reasoning(raw.get('encrypted_content'), where)
+    if kind == 'compaction':            # made by POST /v1/responses/compact: its summary, as a developer message
+        from llmconn.gateway.compact import decode
+        return message('developer', decode(raw.get('encrypted_content'), where))
     if kind != 'message':
         raise GatewayError(f'{where}: item type {shown(kind)} is not supported through the gateway',
                            param=f'{where}.type', code='unsupported_field')

@@ -1,9 +1,10 @@
-"""HTTP routing of the gateway: authentication, the six routes, OpenAI-shaped errors.
+"""HTTP routing of the gateway: authentication, its routes, OpenAI-shaped errors.
 
     POST   /v1/responses          create (plain or ``stream: true``)
     GET    /v1/responses/{id}     a stored response of the key's tenant
     GET    /v1/responses/{id}/input_items   the input it was made from, a page at a time
     DELETE /v1/responses/{id}     forget it, and its content in every continuation (:mod:`.forget`)
+    POST   /v1/responses/compact  the conversation summarized into one input item (:mod:`.compact`)
     POST   /v1/chat/completions   stateless, plain or streamed
     GET    /v1/models[/{id}]      the connections the key may use
 
@@ -23,7 +24,7 @@ from typing import Any, Iterable
 
 from llmconn.errors import (GatewayError, InvalidInput, LLMAuthError, LLMConnError, LLMError, LLMRateLimited,
                             LLMTimeout, StoreError)
-from llmconn.gateway import chat_completions, dispatch, forget, input_items, responses, shapes
+from llmconn.gateway import chat_completions, compact, dispatch, forget, input_items, responses, shapes
 from llmconn.gateway.capabilities import CHAT, RESPONSES
 from llmconn.gateway.echo import MAX_PARAM_CHARS, bounded, shown
 from llmconn.gateway.keys import GatewayConfig, bearer_token, find_key
@@ -100,6 +101,9 @@ def _route(gw: Gateway, key: Any, environ: dict, method: str, route: str) -> tup
         call = chat_completions.prepare(gw, key, body)
         return _sse(chat_completions.stream(gw, call)) if call.stream else \
             _json(200, chat_completions.complete(gw, call))
+    if route == 'responses/compact':
+        _allow(method, 'POST')
+        return _json(200, compact.compact(gw, key, _read_json(environ)))
     if route.startswith('responses/'):
         response_id, _, tail = route[len('responses/'):].partition('/')
         if tail == 'input_items':
