@@ -24,7 +24,6 @@ and log lines written meanwhile carry the request's cid.
 from __future__ import annotations
 
 import contextvars
-import os
 import time as mod_time
 from typing import Any, Iterator
 
@@ -90,24 +89,6 @@ def install(observer: 'Observer | None') -> None:
     """Make ``observer`` the listener of this process (None: nobody listens)."""
     global _observer
     _observer = observer
-
-
-def install_server(metrics: bool, shared: bool) -> Observer:
-    """The observer of one ``llmconn serve`` process: the metrics, or (off) one that only tallies requests.
-
-    ``shared``: a worker of ``--workers N``, whose metrics go to the directory
-    its supervisor named in PROMETHEUS_MULTIPROC_DIR. A lone server keeps
-    them in memory, whatever that variable says (it is removed first, since
-    ``prometheus_client`` reads it on import).
-    """
-    observer = Observer()
-    if metrics:
-        if not shared:
-            os.environ.pop('PROMETHEUS_MULTIPROC_DIR', None)
-        from llmconn.metrics import MULTIPROC_ENV, Metrics
-        observer = Metrics(os.environ.get(MULTIPROC_ENV, '') if shared else '')
-    install(observer)
-    return observer
 
 
 def installed() -> 'Observer | None':

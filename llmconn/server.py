@@ -26,10 +26,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time as mod_time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmconn.observe import Observer
+
+# Every other llmconn module is imported inside the functions below, after gevent patched this
+# process (patch_gevent): they import requests, urllib3 and redis, which must see the patched socket.
 
 logger = logging.getLogger('llmconn.server')
 
@@ -193,7 +201,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Replaces what the CLI configured for its own use before the flags of serve were known.
     logs.configure(args.log_format, args.log_level)
     worker = args.listen_fd is not None
-    observer = observe.install_server(metrics=args.metrics, shared=worker)
+    observer = install_observer(metrics=args.metrics, shared=worker)
     services = args.services or DEFAULT_SERVICES
     if not Path(services).is_dir():
         logger.warning('No services directory %s: serving no services until it is created (give one with '
@@ -207,7 +215,7 @@ def _serve(args: argparse.Namespace) -> int:
     logs.hide_secrets(host.registry)
     host.start()
     app = App(host)
-    limits = Limits(args.idle_timeout, args.max_connections or default_max_connections())
+    limits = Limits(args.idle_timeout, args.max_connections or default_max_connections(DEFAULT_MAX_CONNECTIONS))
     server = WSGIServer(listener, app, spawn=Pool(), log=None, error_log=logger, handler_class=handler_class(limits))
     stopped = gevent.event.Event()
     listening = gevent.event.Event()
@@ -242,6 +250,26 @@ def _serve(args: argparse.Namespace) -> int:
         observer.close()    # and their counts are written
     logger.info('Stopped')
     return 0
+
+
+def install_observer(metrics: bool, shared: bool) -> 'Observer':
+    """The observer of one ``llmconn serve`` process: the metrics, or (off) one that only tallies requests.
+
+    ``shared``: a worker of ``--workers N``, whose metrics go to the directory
+    its supervisor named in PROMETHEUS_MULTIPROC_DIR. A lone server keeps
+    them in memory, whatever that variable says (it is removed first, since
+    ``prometheus_client`` reads it on import). Here, not in :mod:`llmconn.observe`, which
+    :mod:`llmconn.metrics` builds on.
+    """
+    from llmconn import observe
+    observer = observe.Observer()
+    if metrics:
+        if not shared:
+            os.environ.pop('PROMETHEUS_MULTIPROC_DIR', None)
+        from llmconn.metrics import MULTIPROC_ENV, Metrics
+        observer = Metrics(os.environ.get(MULTIPROC_ENV, '') if shared else '')
+    observe.install(observer)
+    return observer
 
 
 def _drain(app, pool, grace: float) -> None:

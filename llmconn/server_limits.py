@@ -9,8 +9,9 @@ closes such connections:
 - the request head (request line and headers) must arrive within
   ``idle_timeout`` seconds of the connection being ready for it: a fresh
   connection, or a keep-alive one after its last response;
-- the request body must arrive within the same time (the application reads
-  :data:`BODY_TIMEOUT_KEY` from the environ), and every write of the
+- the request body must arrive within the same time (:func:`read_body`, which
+  the host and the gateway both use, reads :data:`BODY_TIMEOUT_KEY` from the
+  environ) and hold at most :data:`MAX_BODY_BYTES`; every write of the
   response is bounded by it per operation (a client that stops reading);
 - at most ``max_connections`` are open: at the limit, a new connection
   closes the connection that has been idle (waiting for a request, none of
@@ -36,12 +37,14 @@ from collections import OrderedDict
 
 import gevent
 from gevent.monkey import get_original
+from gevent import Timeout
 from gevent.pywsgi import OldMessage, WSGIHandler
 
-from llmconn.server import DEFAULT_MAX_CONNECTIONS
+from llmconn.responses import HTTPFailure
 
 logger = logging.getLogger('llmconn.server')
 
+MAX_BODY_BYTES = 10 * 1024 * 1024   # a request body above this is refused with 413
 BODY_TIMEOUT_KEY = 'llmconn.body_timeout'     # environ key: seconds the whole request body may take
 REFUSAL_LOG_INTERVAL = 10.0         # seconds between two log lines about refused connections
 FD_RESERVE = 64                     # descriptors kept free for Redis, providers, deployed files
@@ -169,16 +172,16 @@ def _refuse(sock) -> None:
         sock.close()
 
 
-def default_max_connections() -> int:
-    """:data:`DEFAULT_MAX_CONNECTIONS`, or fewer when the process's descriptor limit is lower."""
+def default_max_connections(wanted: int) -> int:
+    """``wanted`` (the server's default), or fewer when the process's descriptor limit is lower."""
     try:
         import resource
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     except (ImportError, ValueError, OSError):
-        return DEFAULT_MAX_CONNECTIONS
+        return wanted
     if soft == resource.RLIM_INFINITY:
-        return DEFAULT_MAX_CONNECTIONS
-    return max(1, min(DEFAULT_MAX_CONNECTIONS, soft - FD_RESERVE))
+        return wanted
+    return max(1, min(wanted, soft - FD_RESERVE))
 
 
 MAX_HEADERS = 100               # as http.client allows
@@ -214,3 +217,45 @@ def read_headers(fp) -> OldMessage:
     message = OldMessage()
     message._headers = headers      # what email's parser would have filled, without its feed parser
     return message
+
+
+# A body read only in part leaves the connection mid-message: whatever follows would be parsed as
+# the next request (a smuggled one), so every refusal here closes the connection.
+_CLOSE = [('Connection', 'close')]
+
+
+def read_body(environ: dict) -> bytes:
+    """The request body; a body that ends early or stalls is the client's fault (400/408), not a 500."""
+    deadline = Timeout(environ.get(BODY_TIMEOUT_KEY))     # None: unbounded (not under llmconn serve)
+    deadline.start()
+    try:
+        return _read_body(environ)
+    except Timeout as e:
+        if e is not deadline:
+            raise
+        raise HTTPFailure(408, 'the request body did not arrive in time; send it whole', _CLOSE) from None
+    except TimeoutError:
+        raise HTTPFailure(408, 'the request body did not arrive in time; send it whole', _CLOSE) from None
+    except (OSError, ValueError) as e:      # gevent: "unexpected end of file", a bad or missing chunk size
+        logger.info('Incomplete request body: %s', e)
+        raise HTTPFailure(400, 'the request body ended before its declared length, or its chunks are '
+                               'malformed; send the whole body', _CLOSE) from None
+    finally:
+        deadline.cancel()
+
+
+def _read_body(environ: dict) -> bytes:
+    stream = environ['wsgi.input']
+    if not environ.get('CONTENT_LENGTH') and environ.get('HTTP_TRANSFER_ENCODING', '').lower() == 'chunked':
+        raw = stream.read(MAX_BODY_BYTES + 1)
+        if len(raw) > MAX_BODY_BYTES:
+            raise HTTPFailure(413, f'the request body is larger than the limit of {MAX_BODY_BYTES} bytes', _CLOSE)
+        return raw
+    try:
+        length = int(environ.get('CONTENT_LENGTH') or 0)
+    except ValueError:
+        raise HTTPFailure(400, 'the Content-Length header is not a number', _CLOSE) from None
+    if length > MAX_BODY_BYTES:
+        raise HTTPFailure(413, f'the request body has {length} bytes, more than the limit of {MAX_BODY_BYTES}',
+                          _CLOSE)
+    return stream.read(length) if length else b''

@@ -42,12 +42,11 @@ from llmconn.responses import (CHAT_BUSY_RETRY_AFTER, HTTPFailure, InvalidRespon
 from llmconn import admin_page
 from llmconn import logs, observe
 from llmconn.errors import StoreAuthError
-from llmconn.server_limits import BODY_TIMEOUT_KEY
+from llmconn.server_limits import MAX_BODY_BYTES, read_body  # noqa: F401 - MAX_BODY_BYTES: part of this module's API
 from llmconn.service import new_cid, run
 
 logger = logging.getLogger('llmconn.server')
 
-MAX_BODY_BYTES = 10 * 1024 * 1024   # a request body above this is refused with 413
 READY_STORE_TIMEOUT = 2.0           # seconds /ready waits for the store's answer
 CID_HEADER = 'X-Cid'
 
@@ -260,48 +259,6 @@ class _Tracked:
                 close()
         finally:
             self.on_close()
-
-
-# A body read only in part leaves the connection mid-message: whatever follows would be parsed as
-# the next request (a smuggled one), so every refusal here closes the connection.
-_CLOSE = [('Connection', 'close')]
-
-
-def read_body(environ: dict) -> bytes:
-    """The request body; a body that ends early or stalls is the client's fault (400/408), not a 500."""
-    deadline = Timeout(environ.get(BODY_TIMEOUT_KEY))     # None: unbounded (not under llmconn serve)
-    deadline.start()
-    try:
-        return _read_body(environ)
-    except Timeout as e:
-        if e is not deadline:
-            raise
-        raise HTTPFailure(408, 'the request body did not arrive in time; send it whole', _CLOSE) from None
-    except TimeoutError:
-        raise HTTPFailure(408, 'the request body did not arrive in time; send it whole', _CLOSE) from None
-    except (OSError, ValueError) as e:      # gevent: "unexpected end of file", a bad or missing chunk size
-        logger.info('Incomplete request body: %s', e)
-        raise HTTPFailure(400, 'the request body ended before its declared length, or its chunks are '
-                               'malformed; send the whole body', _CLOSE) from None
-    finally:
-        deadline.cancel()
-
-
-def _read_body(environ: dict) -> bytes:
-    stream = environ['wsgi.input']
-    if not environ.get('CONTENT_LENGTH') and environ.get('HTTP_TRANSFER_ENCODING', '').lower() == 'chunked':
-        raw = stream.read(MAX_BODY_BYTES + 1)
-        if len(raw) > MAX_BODY_BYTES:
-            raise HTTPFailure(413, f'the request body is larger than the limit of {MAX_BODY_BYTES} bytes', _CLOSE)
-        return raw
-    try:
-        length = int(environ.get('CONTENT_LENGTH') or 0)
-    except ValueError:
-        raise HTTPFailure(400, 'the Content-Length header is not a number', _CLOSE) from None
-    if length > MAX_BODY_BYTES:
-        raise HTTPFailure(413, f'the request body has {length} bytes, more than the limit of {MAX_BODY_BYTES}',
-                          _CLOSE)
-    return stream.read(length) if length else b''
 
 
 def parse_json(raw: bytes) -> Any:

@@ -9,6 +9,7 @@ turn goes plain.
 from llmconn import items as canon
 from llmconn.gateway import items
 from llmconn.gateway.policy import Policy, Resolution
+from llmconn.gateway.turns import to_conversation
 
 THINKING = {'type': 'thinking', 'thinking': 'I will call get_order.', 'signature': 'sig'}
 TAG = 'claude/claude-sonnet-5-5/enabled'
@@ -22,7 +23,7 @@ def answer(call_id: str, tag: str = TAG) -> dict:
 
 
 def pair(conversation: list) -> items.Conversation:
-    return items.to_conversation(conversation, '', Policy(), Resolution())
+    return to_conversation(conversation, '', Policy(), Resolution())
 
 
 def test_an_earlier_tool_turn_keeps_its_natives_when_the_clients_text_follows():

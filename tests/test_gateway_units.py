@@ -12,6 +12,7 @@ from llmconn.gateway import capabilities, docs, items, keys
 from llmconn.gateway.capabilities import CHAT, KINDS, LOSSES, RESPONSES, ROUTES
 from llmconn.gateway.policy import Policy, Resolution, resolve
 from llmconn.gateway.stream import ResponseEvents
+from llmconn.gateway.turns import to_conversation
 
 SECRET = 'sk-gateway-secret-never-shown'
 
@@ -136,16 +137,16 @@ def test_an_output_must_answer_a_call_of_the_assistant_before_it():
     user = items.message('user', 'look it up')
     call = items.function_call('call_1', 'get_order', '{"id": 1}', 'x')
     with pytest.raises(GatewayError) as unknown:
-        items.to_conversation([user, call, items.function_output('call_2', 'x', 'y')], '', Policy(), Resolution())
+        to_conversation([user, call, items.function_output('call_2', 'x', 'y')], '', Policy(), Resolution())
     assert unknown.value.code == 'unknown_call_id' and 'call_2' in str(unknown.value)
     with pytest.raises(GatewayError) as twice:
-        items.to_conversation([user, call, items.function_output('call_1', 'a', 'y'),
+        to_conversation([user, call, items.function_output('call_1', 'a', 'y'),
                                items.function_output('call_1', 'b', 'y')], '', Policy(), Resolution())
     assert twice.value.code == 'unknown_call_id'
     with pytest.raises(GatewayError) as unanswered:
-        items.to_conversation([user, call, items.message('user', 'next')], '', Policy(), Resolution())
+        to_conversation([user, call, items.message('user', 'next')], '', Policy(), Resolution())
     assert unanswered.value.code == 'unanswered_function_call' and 'call_1' in str(unanswered.value)
-    turn = items.to_conversation([user, call, items.function_output('call_1', 'ok', 'y')], '', Policy(),
+    turn = to_conversation([user, call, items.function_output('call_1', 'ok', 'y')], '', Policy(),
                                  Resolution())
     assert turn.text == 'look it up' and [i['kind'] for i in turn.items] == ['call', 'output']
 
@@ -158,10 +159,10 @@ def test_a_lone_surrogate_is_refused():
 def test_merging_and_hoisting_are_named_losses():
     conversation = [items.message('user', 'a'), items.message('user', 'b'), items.message('system', 's')]
     with pytest.raises(GatewayError, match='messages_merged'):
-        items.to_conversation(conversation, '', Policy(), Resolution())
+        to_conversation(conversation, '', Policy(), Resolution())
     policy = Policy.parse({'allow_lossy': True, 'allowed_losses': ['messages_merged', 'system_messages_hoisted']})
     resolution = Resolution()
-    result = items.to_conversation(conversation, 'rules', policy, resolution)
+    result = to_conversation(conversation, 'rules', policy, resolution)
     assert (result.system, result.turns, result.text) == ('rules\n\ns', (), 'a\n\nb')
     assert resolution.downgrades == ['input:messages_merged', 'input:system_messages_hoisted']
 

@@ -31,6 +31,7 @@ from llmconn.gateway.echo import bounded
 from llmconn.gateway.policy import Policy, resolve
 from llmconn.gateway.responses import DOWNGRADES_KEY
 from llmconn.gateway.stream import ChatChunks, chat_sse, estimated_usage
+from llmconn.gateway.turns import to_conversation
 
 logger = logging.getLogger('llmconn.gateway')
 
@@ -70,7 +71,7 @@ def prepare(gw: Any, key: Any, body: Any) -> ChatCall:
     if not isinstance(stream, bool) or not isinstance(options, dict):
         raise GatewayError('stream must be true or false and stream_options an object', param='stream')
     said = call_registry.restore(gw, key, mod_items.from_chat_messages(body.get('messages')))
-    conversation = mod_items.to_conversation(said, '', policy, resolution)
+    conversation = to_conversation(said, '', policy, resolution)
     if resolution.downgrades:
         logger.info('Downgrade accepted: tenant=%s key=%s model=%s losses=%s', key.tenant, key.id, model,
                     ','.join(resolution.downgrades))

@@ -45,7 +45,6 @@ from typing import Any
 
 from llmconn.errors import GatewayError
 from llmconn.gateway.echo import shown
-from llmconn.gateway.policy import Policy, Resolution
 
 MAX_TEXT_CHARS = 1_000_000          # as a connection's own limit on one message
 SYSTEM_ROLES = ('system', 'developer')
@@ -222,9 +221,3 @@ def _chat_calls(entry: dict, where: str) -> list[dict]:
             raise GatewayError(f'{here}.function is required', param=f'{here}.function')
         said.append(function_call(call.get('id'), function.get('name'), function.get('arguments'), here))
     return [dict(item, message=where) for item in said]      # one assistant message (call_registry.restore)
-
-
-def to_conversation(items: list[dict], instructions: str, policy: Policy, resolution: Resolution) -> Conversation:
-    """Pair ``items`` into turns for a provider (see :mod:`llmconn.gateway.turns`)."""
-    from llmconn.gateway.turns import to_conversation as pair
-    return pair(items, instructions, policy, resolution)

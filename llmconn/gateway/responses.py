@@ -37,6 +37,7 @@ from llmconn.gateway.echo import shown, shown_all
 from llmconn.gateway.policy import Policy, check_history, resolve
 from llmconn.store.records import new_response_id
 from llmconn.gateway.stream import message_item, reasoning_item
+from llmconn.gateway.turns import to_conversation
 
 logger = logging.getLogger('llmconn.gateway')
 
@@ -146,13 +147,13 @@ def _conversation(previous: dict | None, new_items: list, instructions: str, pol
     if _provider_kept(previous) and any(i['type'] in mod_items.OUTPUT_TYPES for i in new_items):
         return list(new_items), _provider_outputs(previous, new_items)
     if _provider_kept(previous):
-        conversation = mod_items.to_conversation(new_items, instructions, policy, resolution)
+        conversation = to_conversation(new_items, instructions, policy, resolution)
         if conversation.turns:
             raise GatewayError('input may hold only new user messages when previous_response_id continues a '
                                'response the backend keeps', param='input')
         return list(new_items), conversation
     context = list(previous.get('context') or ()) + new_items if previous else list(new_items)
-    return context, mod_items.to_conversation(context, instructions, policy, resolution)
+    return context, to_conversation(context, instructions, policy, resolution)
 
 
 def _provider_outputs(previous: dict, new_items: list) -> mod_items.Conversation:

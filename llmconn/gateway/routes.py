@@ -29,6 +29,7 @@ from llmconn.gateway.capabilities import CHAT, RESPONSES
 from llmconn.gateway.echo import MAX_PARAM_CHARS, bounded, shown
 from llmconn.gateway.keys import GatewayConfig, bearer_token, find_key
 from llmconn.responses import HTTPFailure
+from llmconn.server_limits import read_body
 from llmconn.store.records import RecordStore
 
 logger = logging.getLogger('llmconn.gateway')
@@ -160,7 +161,6 @@ def _allow(method: str, *allowed: str) -> None:
 
 
 def _read_json(environ: dict) -> Any:
-    from llmconn.wsgi import read_body      # the host's framing: bad chunks, stalls, sizes (HTTPFailure)
     raw = read_body(environ)
     try:
         return json.loads(raw, parse_constant=_not_json, parse_float=_finite)

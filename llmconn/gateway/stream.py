@@ -39,6 +39,11 @@ def item_id(prefix: str) -> str:
     return f'{prefix}_{secrets.token_hex(24)}'
 
 
+def arguments_text(arguments: Any) -> str:
+    """A call's arguments as the JSON string both OpenAI APIs carry."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
 def sse(event: dict) -> bytes:
     return f'event: {event["type"]}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n'.encode()
 
@@ -233,7 +238,6 @@ class ChatChunks:
         return [self._chunk({'role': 'assistant', 'content': ''})]
 
     def _tool_call(self, index: int, call: dict) -> list[dict]:
-        from llmconn.gateway.tools import arguments_text
         head = {'index': index, 'id': call['call_id'], 'type': 'function',
                 'function': {'name': call['name'], 'arguments': ''}}
         out = [self._chunk({'tool_calls': [head]})]

@@ -36,7 +36,7 @@ from llmconn.gateway import offload
 from llmconn.gateway.echo import shown
 from llmconn.gateway.backend import kind
 from llmconn.gateway.items import CUSTOM_TYPES
-from llmconn.gateway.stream import item_id
+from llmconn.gateway.stream import arguments_text, item_id  # noqa: F401 - arguments_text: part of this API
 
 FUNCTION_KINDS = (None, 'function')
 CUSTOM_KIND = 'custom'
@@ -172,11 +172,6 @@ def _hosted(conn: Any, tool: dict, where: str) -> dict:
     except InvalidInput as e:
         raise GatewayError(f'{where}: the backend of this model does not run it ({e})', param='tools',
                            code='hosted_tool_not_allowed') from None
-
-
-def arguments_text(arguments: Any) -> str:
-    """A call's arguments as the JSON string both OpenAI APIs carry."""
-    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
 def function_call_item(call: dict, status: str = 'completed') -> dict:
