@@ -16,7 +16,6 @@ holds the conversation it summarizes anyway.
 
 from __future__ import annotations
 
-import base64
 import json
 import time as mod_time
 import uuid
@@ -26,12 +25,9 @@ from llmconn import compaction
 from llmconn.config import DEFAULT_COMPACTION_INSTRUCTIONS
 from llmconn.errors import GatewayError
 from llmconn.gateway import items as mod_items
-from llmconn.gateway.echo import shown
+from llmconn.gateway.summary_item import encode
 from llmconn.gateway.responses import _previous, usage_object
 from llmconn.types import USAGE_KEYS, CallSpec
-
-CONTENT_PREFIX = 'llmconn-summary-v1:'
-
 
 def compact(gw: Any, key: Any, body: Any) -> dict:
     """Check the request, summarize its conversation, answer the compacted response."""
@@ -59,25 +55,6 @@ def compact(gw: Any, key: Any, body: Any) -> dict:
     return {'id': 'resp_' + uuid.uuid4().hex + uuid.uuid4().hex[:16], 'object': 'response.compaction',
             'created_at': int(mod_time.time()), 'output': [item],
             'usage': usage_object(**{k: usage.get(k, 0) for k in USAGE_KEYS})}
-
-
-def encode(summary: str) -> str:
-    return CONTENT_PREFIX + base64.urlsafe_b64encode(json.dumps({'summary': summary}).encode()).decode()
-
-
-def decode(content: Any, where: str) -> str:
-    """The summary text of a compaction item this gateway made, or a 400 saying what it needs."""
-    try:
-        if not isinstance(content, str) or not content.startswith(CONTENT_PREFIX):
-            raise ValueError(content)
-        summary = json.loads(base64.urlsafe_b64decode(content[len(CONTENT_PREFIX):]))['summary']
-        if not isinstance(summary, str):
-            raise ValueError(summary)
-    except (ValueError, KeyError, TypeError):
-        raise GatewayError(f'{where}.encrypted_content is not a compaction this gateway made '
-                           f'(POST /v1/responses/compact): got {shown(content)}; send its output items as they came',
-                           param=f'{where}.encrypted_content') from None
-    return f'{compaction.SUMMARY_HEADER}\n{summary}'
 
 
 def _prompt(how: str, instructions: str | None, context: list[dict]) -> str:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmconn.errors import GatewayError
+from llmconn.gateway import summary_item
 from llmconn.gateway.echo import shown
 
 MAX_TEXT_CHARS = 1_000_000          # as a connection's own limit on one message
@@ -119,8 +120,7 @@ def _message_item(raw: Any, where: str) -> dict:
     if kind == 'reasoning':
         return reasoning(raw.get('encrypted_content'), where)
     if kind == 'compaction':            # made by POST /v1/responses/compact: its summary, as a developer message
-        from llmconn.gateway.compact import decode
-        return message('developer', decode(raw.get('encrypted_content'), where))
+        return message('developer', summary_item.decode(raw.get('encrypted_content'), where))
     if kind != 'message':
         raise GatewayError(f'{where}: item type {shown(kind)} is not supported through the gateway',
                            param=f'{where}.type', code='unsupported_field')
