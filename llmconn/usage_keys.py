@@ -10,7 +10,8 @@ A hash field is ``<connection>:<model>:<key>:<counter>``, the first three
 base64url-encoded as in :mod:`llmconn.store.keys` (so ``:`` separates them
 safely); ``<key>`` is the gateway key and empty until there is one. Counters:
 ``calls``, ``errors``, the token counts of :data:`llmconn.types.USAGE_KEYS`
-(input, output, cache read and written, reasoning), ``tool_calls`` and
+(input, output, cache read and written, reasoning), ``cost`` (micro-USD, for a
+connection with ``pricing``), ``tool_calls`` and
 ``error:<status>`` (see :func:`llmconn.usage.error_status`: the provider's
 HTTP status, ``timeout``, ``no_response``, ``cancelled``, or the class of the
 llmconn error that ended the call, such as ``ChatBusy``).
@@ -33,8 +34,9 @@ from llmconn.types import USAGE_KEYS
 USAGE_PREFIX = f'{KEY_PREFIX}:usage:'
 RETENTION_DAYS = 400                    # a day's counts are kept for over a year
 RETENTION_TTL = RETENTION_DAYS * 86400  # the save script has it too: scripts.USAGE_TTL_S
-# What a result's usage reports (llmconn.types.USAGE_KEYS), counted under the same names.
-TOKEN_COUNTERS = USAGE_KEYS
+# What a result's usage reports (llmconn.types.USAGE_KEYS), counted under the same names, and the
+# cost of a priced connection's call (integer micro-USD, llmconn.pricing).
+TOKEN_COUNTERS = (*USAGE_KEYS, 'cost')
 COUNTERS = ('calls', 'errors', *TOKEN_COUNTERS, 'tool_calls')
 ERROR_PREFIX = 'error:'
 

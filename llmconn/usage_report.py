@@ -19,8 +19,9 @@ from llmconn.store.usage import read_hashes
 from llmconn.usage_keys import COUNTERS, ERROR_PREFIX, USAGE_PREFIX
 
 _COLUMNS = (('day', 'DAY'), ('connection', 'CONNECTION'), ('model', 'MODEL'), ('calls', 'CALLS'),
-            ('errors', 'ERRORS'), ('input_tokens', 'INPUT'), ('output_tokens', 'OUTPUT'),
-            ('tool_calls', 'TOOLS'))
+            ('errors', 'ERRORS'), ('input_tokens', 'INPUT'), ('cache_read_tokens', 'CACHE_READ'),
+            ('cache_write_tokens', 'CACHE_WRITE'), ('output_tokens', 'OUTPUT'), ('reasoning_tokens', 'REASONING'),
+            ('tool_calls', 'TOOLS'), ('cost', 'COST_USD'))
 
 
 def decode(value: str) -> str:
@@ -99,6 +100,11 @@ def errors_by_status(rows: list[dict]) -> list[tuple[str, str, int]]:
     return sorted(((c, s, n) for (c, s), n in counts.items()), key=lambda t: (-t[2], t[0], t[1]))
 
 
+def _cell(name: str, value: Any) -> str:
+    # The ledger keeps cost in micro-USD, exactly: shown as dollars with every digit.
+    return f'{value / 1_000_000:.6f}' if name == 'cost' and value != '' else str(value)
+
+
 def format_table(rows: list[dict]) -> str:
     """Rows as an aligned text table with a total line; a KEY column only when a row has a key."""
     columns = list(_COLUMNS)
@@ -109,7 +115,7 @@ def format_table(rows: list[dict]) -> str:
     total = {name: sum(row[name] for row in rows) if name in COUNTERS else '' for name, _ in columns}
     total['day'] = 'TOTAL'
     cells = [[title for _, title in columns]]
-    cells += [[str(row[name]) for name, _ in columns] for row in rows + [total]]
+    cells += [[_cell(name, row[name]) for name, _ in columns] for row in rows + [total]]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     numeric = [name in COUNTERS for name, _ in columns]
     lines = ['  '.join(cell.rjust(w) if num else cell.ljust(w) for cell, w, num in zip(line, widths, numeric))

@@ -48,3 +48,25 @@ def test_the_admin_usage_table_shows_cache_reasoning_and_cost():
     assert '<th>Cache read</th><th>Cache write</th><th>Output</th><th>Reasoning</th>' in table
     cells = [c.split('>')[1] for c in table.split('<td class="n"')[1:]]
     assert [c.split('<')[0] for c in cells] == ['2', '0', '5000', '4000', '600', '90', '30', '0', '1.234567']
+
+
+def test_the_ledger_keeps_cost_and_cache_counts_and_llmconn_usage_shows_them(redis_url, provider, unique,
+                                                                             open_registry, tmp_path):
+    from llmconn.usage_report import format_table, read_usage
+    skill = tmp_path / 'skills' / 'long' / 'SKILL.md'
+    skill.parent.mkdir(parents=True)
+    skill.write_text('---\nname: long\ndescription: d\n---\n' + ' '.join(f'{unique}-{i}' for i in range(1500)))
+    conf = {'name': unique, 'model': 'claude-sonnet-5-5', 'address': provider.url, 'max_retries': 0,
+            'pricing': CLAUDE_SONNET}
+    registry = open_registry({'redis': {'url': redis_url}, 'skills_dir': str(tmp_path / 'skills'), 'llm': [conf]})
+    conn = registry[unique]
+    # Saved chat turns count in the save script; the invoke in the in-process tally: both keep cost.
+    usages = [conn.chat(f'question {i}', chat_id='c', skill='long')['usage'] for i in range(3)]
+    usages.append(conn.invoke('one more', skill='long')['usage'])
+    assert registry.usage.flush()
+    [row] = read_usage(registry.store, connection=unique)
+    for name in ('input_tokens', 'cache_read_tokens', 'cache_write_tokens', 'output_tokens', 'cost'):
+        assert row[name] == sum(u[name] for u in usages), name
+    assert row['cache_read_tokens'] > 0 and row['cost'] > 0
+    table = format_table([row])
+    assert 'CACHE_READ' in table and 'COST_USD' in table and f'{row["cost"] / 1e6:.6f}' in table
