@@ -24,6 +24,7 @@ _LAZY = {
     'Registry': 'llmconn.registry',
     'Event': 'llmconn.types',
     'Tool': 'llmconn.tools',
+    'Attachment': 'llmconn.attachments',
     **{name: 'llmconn.errors' for name in (
         'LLMConnError', 'ConfigError', 'InvalidInput', 'UnknownConnection', 'InactiveConnection', 'LLMError',
         'LLMTimeout', 'LLMRateLimited', 'LLMAuthError', 'ChatBusy', 'StoreError', 'LockLost', 'ServiceError',

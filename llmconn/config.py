@@ -16,6 +16,7 @@ from typing import Any, Literal, Mapping
 from pydantic import (BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
+from llmconn import attachments as attachment_limits
 from llmconn.errors import ConfigError
 from llmconn.gateway.keys import GatewayConfig
 from llmconn.redact import mask_url
@@ -129,6 +130,7 @@ class ConnectionConfig(_Frozen):
     max_tool_rounds: int = Field(DEFAULT_MAX_TOOL_ROUNDS, ge=1, le=100)
     tool_timeout: float = Field(DEFAULT_TOOL_TIMEOUT, gt=0, le=MAX_SECONDS)
     hosted_tools: list[dict[str, Any]] = Field(default_factory=list)
+    max_attachment_bytes: int = Field(attachment_limits.DEFAULT_MAX_BYTES, ge=1, le=attachment_limits.MAX_BYTES)
     # provider: template (SPEC §12). A *_file is read at load, relative to the configuration
     # file, into the inline key; the path stays so errors can name it.
     request_template: str = ''

@@ -32,6 +32,7 @@ import time as mod_time
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
+from llmconn import attachments as mod_attachments
 from llmconn import items as mod_items
 from llmconn import structured
 from llmconn import tools as mod_tools
@@ -67,6 +68,7 @@ class _Call:
     hosted: tuple = ()
     by_name: dict = field(default_factory=dict)
     schema: structured.OutputSchema | None = None
+    attachments: tuple = ()
 
 
 class Connection:
@@ -93,31 +95,37 @@ class Connection:
 
     # -- public API ------------------------------------------------------------------------------
 
-    def invoke(self, text: str, skill: str = '', tools: Any = None, schema: Any = None, **params: Any) -> dict:
+    def invoke(self, text: str, skill: str = '', tools: Any = None, schema: Any = None,
+               attachments: Any = None, **params: Any) -> dict:
         """One-shot call: no history is read, written or locked.
 
         ``schema=`` (a pydantic model class or a JSON Schema dict) asks for an answer in it: the
-        result's ``parsed`` holds it, validated (see :mod:`llmconn.structured`).
+        result's ``parsed`` holds it, validated (see :mod:`llmconn.structured`). ``attachments=``
+        (:class:`llmconn.Attachment` objects) go with the text (see :mod:`llmconn.attachments`).
         """
-        return self._drain(self.run(CallSpec(text, skill=skill, params=params, tools=tools, schema=schema)))
+        return self._drain(self.run(CallSpec(text, skill=skill, params=params, tools=tools, schema=schema,
+                                             attachments=attachments)))
 
     def chat(self, text: str = '', chat_id: str = '', skill: str = '', tools: Any = None,
-             tool_outputs: dict | None = None, schema: Any = None, **params: Any) -> dict:
+             tool_outputs: dict | None = None, schema: Any = None, attachments: Any = None,
+             **params: Any) -> dict:
         """A call that continues the conversation ``chat_id``; without one it is exactly ``invoke``.
 
         ``tool_outputs={call_id: output}`` (and no text) answers a turn left pending by manual tools.
         """
         return self._drain(self.run(CallSpec(text, chat_id, skill, params, tools=tools, outputs=tool_outputs,
-                                             schema=schema)))
+                                             schema=schema, attachments=attachments)))
 
     def stream(self, text: str = '', chat_id: str = '', skill: str = '', tools: Any = None,
-               tool_outputs: dict | None = None, schema: Any = None, **params: Any) -> Iterator[Event]:
+               tool_outputs: dict | None = None, schema: Any = None, attachments: Any = None,
+               **params: Any) -> Iterator[Event]:
         """Like ``chat``, but yields ``thinking`` / ``text`` deltas, ``tool_call`` / ``tool_result``
         events and one final ``done``."""
         if STREAM not in self.provider.capabilities:
             raise InvalidInput(f'{self.name}: provider {self.conf.provider} does not support the capability '
                                f'"{STREAM}"; use chat() instead')
-        return self.run(CallSpec(text, chat_id, skill, params, True, tools, tool_outputs, schema=schema))
+        return self.run(CallSpec(text, chat_id, skill, params, True, tools, tool_outputs, schema=schema,
+                                 attachments=attachments))
 
     def run(self, spec: CallSpec) -> Iterator[Event]:
         """The one entry of every provider call: check ``spec`` now, then return its lazy events.
@@ -206,6 +214,7 @@ class Connection:
         call = _Call(spec, system=self._system(spec.skill, spec.system))
         self._check_tools(call, spec.tools)
         call.schema = self._check_schema(spec.schema)
+        call.attachments = self._check_attachments(spec)
         return call
 
     def _pipeline(self, call: _Call, tally) -> Iterator[Event]:
@@ -257,7 +266,7 @@ class Connection:
         base = Request(pending.user if pending else spec.text, call.system, (), spec.params, spec.stream,
                        tools=call.tools, hosted=call.hosted, chain=spec.chain, tag=self.provider.tag,
                        stateless=spec.stateless, cache_key=chat_cache_key(self.name, spec.chat_id),
-                       summary=call.summary, schema=call.schema)
+                       summary=call.summary, schema=call.schema, attachments=call.attachments)
         loop = TurnLoop(pending, spec.outputs, self.provider.tag, given=spec.items, given_tag=spec.tag,
                         pricing=self.conf.pricing)
         while True:
@@ -388,6 +397,13 @@ class Connection:
             raise InvalidInput(f'{self.name}: provider {self.conf.provider} does not support the capability '
                                f'"{STRUCTURED}"; call it without schema=')
         return structured.prepare(schema)
+
+    def _check_attachments(self, spec: CallSpec) -> tuple:
+        if spec.attachments is not None and spec.outputs is not None:
+            raise InvalidInput('attachments go with a new message, not with tool_outputs; send them in the '
+                               'next chat() call')
+        return mod_attachments.check(spec.attachments, self.name, self.conf.max_attachment_bytes,
+                                     self.provider.accepts)
 
     @staticmethod
     def _drain(events: Iterator[Event]) -> dict:

@@ -89,6 +89,7 @@ class Request:
     # its own, after the skill's, so the skill stays cached when the summary changes.
     summary: str = ''
     schema: Any = None                  # llmconn.structured.OutputSchema the answer must follow, or None
+    attachments: tuple = ()             # llmconn.attachments.Attachment objects sent with ``text``
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ class CallSpec:
     run_tools: bool = True              # False: every call the model makes goes back to the caller
     key_id: str = ''                    # the gateway key the usage ledger counts the call under
     schema: Any = None                  # ``schema=``: a pydantic model class or a JSON Schema dict
+    attachments: Any = None             # ``attachments=``: llmconn.Attachment objects
 
 
 # The counts a call's usage holds (SPEC §17), 0 when the provider reports none. ``input_tokens``

@@ -48,6 +48,8 @@ class Provider:
     name: ClassVar[str] = ''
     default_address: ClassVar[str] = ''
     capabilities: ClassVar[frozenset[str]] = frozenset()
+    # The attachments (llmconn.attachments) the API takes: from their bytes (DATA) or a URL, by media type.
+    accepts: ClassVar[dict[str, frozenset[str]]] = {}
     # Body keys the mapping itself sets from the configuration and the chat; params may not.
     reserved_params: ClassVar[frozenset[str]] = frozenset()
     # True when parse_response takes the final HTTPAnswer (status, headers, text, errors included)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Iterator
 
+from llmconn import attachments as mod_attachments
 from llmconn import items as mod_items
 from llmconn.errors import InvalidInput
 from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, STRUCTURED, SYSTEM, THINKING, TOOLS, Provider
@@ -58,6 +59,8 @@ class ClaudeProvider(Provider):
     default_address = 'https://api.anthropic.com'
     capabilities = frozenset({STREAM, SYSTEM, THINKING, REASONING_REPLAY, TOOLS, STRUCTURED})
     reserved_params = frozenset({'model', 'messages', 'system', 'stream', 'thinking', 'tools'})
+    accepts = {mod_attachments.DATA: mod_attachments.MEDIA_TYPES,
+               mod_attachments.URL: mod_attachments.IMAGES | {mod_attachments.PDF}}
 
     @classmethod
     def check_config(cls, conf) -> None:
@@ -105,7 +108,7 @@ class ClaudeProvider(Provider):
         for turn in request.history:
             messages += _turn_messages(turn.user, self.steps(turn))
         history_messages = len(messages)
-        messages += _turn_messages(request.text, self.current(request))
+        messages += _turn_messages(user_content(request.text, request.attachments), self.current(request))
 
         body: dict[str, Any] = {'model': self.conf.model, 'max_tokens': self.conf.max_tokens}
         if request.system:
@@ -235,7 +238,34 @@ class _StreamState:
         return message
 
 
-def _turn_messages(user: str, steps: list[dict]) -> list[dict]:
+def user_content(text: str, attached: tuple) -> Any:
+    """A user message's content: its text, after ``image`` / ``document`` blocks for its attachments."""
+    if not attached:
+        return text
+    return [_attachment_block(a) for a in attached] + [{'type': 'text', 'text': text}]
+
+
+def _attachment_block(attachment) -> dict:
+    kind = attachment.media_type
+    if kind in mod_attachments.IMAGES:
+        return {'type': 'image', 'source': _source(attachment)}
+    if kind == mod_attachments.TEXT:
+        source = {'type': 'text', 'media_type': kind, 'data': attachment.text}
+    else:
+        source = _source(attachment)
+    block = {'type': 'document', 'source': source}
+    if attachment.name:
+        block['title'] = attachment.name
+    return block
+
+
+def _source(attachment) -> dict:
+    if attachment.url:
+        return {'type': 'url', 'url': attachment.url}
+    return {'type': 'base64', 'media_type': attachment.media_type, 'data': attachment.base64}
+
+
+def _turn_messages(user: Any, steps: list[dict]) -> list[dict]:
     """One turn as alternating messages: the user's, then each round's assistant blocks and results."""
     messages: list[dict[str, Any]] = [{'role': 'user', 'content': user}]
     reply = plain_reply(steps)

@@ -32,6 +32,7 @@ import uuid
 from typing import Any, Iterable, Iterator
 from urllib.parse import quote
 
+from llmconn import attachments as mod_attachments
 from llmconn import items as mod_items
 from llmconn.providers.base import SSE, STREAM, STRUCTURED, SYSTEM, TOOLS, Provider
 from llmconn.providers.base import is_done_marker, json_event, nonempty, plain_reply
@@ -56,6 +57,7 @@ class GeminiProvider(Provider):
     capabilities = frozenset({STREAM, SYSTEM, TOOLS, STRUCTURED})
     json_answer_is_chunks = True       # streamGenerateContent without alt=sse: a JSON array of chunks
     reserved_params = frozenset({'contents', 'systemInstruction', 'system_instruction', 'tools'})
+    accepts = {mod_attachments.DATA: mod_attachments.MEDIA_TYPES, mod_attachments.URL: mod_attachments.MEDIA_TYPES}
 
     cut_short = {'MAX_TOKENS': 'max_output_tokens', 'SAFETY': 'content_filter'}
 
@@ -85,7 +87,7 @@ class GeminiProvider(Provider):
         contents = []
         for turn in request.history:
             contents += _turn_contents(turn.user, self.steps(turn))
-        contents += _turn_contents(request.text, self.current(request))
+        contents += _turn_contents(request.text, self.current(request), request.attachments)
 
         body: dict[str, Any] = {'contents': contents}
         tools = list(request.hosted)
@@ -198,9 +200,10 @@ class _Answer:
         return response
 
 
-def _turn_contents(user: str, steps: list[dict]) -> list[dict]:
-    """One turn: the user's text, each round's model parts, and one functionResponse per call."""
-    contents: list[dict[str, Any]] = [{'role': 'user', 'parts': [{'text': user}]}]
+def _turn_contents(user: str, steps: list[dict], attached: tuple = ()) -> list[dict]:
+    """One turn: the user's attachments and text, each round's model parts, one functionResponse per call."""
+    contents: list[dict[str, Any]] = [{'role': 'user', 'parts': [_attachment_part(a) for a in attached]
+                                       + [{'text': user}]}]
     reply = plain_reply(steps)
     if reply is not None:
         return contents + [{'role': 'model', 'parts': [{'text': reply}]}]
@@ -213,6 +216,12 @@ def _turn_contents(user: str, steps: list[dict]) -> list[dict]:
         if answers:
             contents.append({'role': 'user', 'parts': [_response(a, names.get(a['call_id'])) for a in answers]})
     return contents
+
+
+def _attachment_part(attachment) -> dict:
+    if attachment.url:
+        return {'fileData': {'mimeType': attachment.media_type, 'fileUri': attachment.url}}
+    return {'inlineData': {'mimeType': attachment.media_type, 'data': attachment.base64}}
 
 
 def _part(item: dict) -> dict | None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Iterator
 
+from llmconn import attachments as mod_attachments
 from llmconn import items as mod_items
 from llmconn.providers.base import SSE, STREAM, STRUCTURED, SYSTEM, TOOLS, Provider, is_done_marker
 from llmconn.providers.base import arguments_json, json_event, nonempty, parse_arguments, plain_reply
@@ -52,6 +53,8 @@ class OpenAIProvider(Provider):
     default_address = 'https://api.openai.com/v1'
     capabilities = frozenset({STREAM, SYSTEM, TOOLS, STRUCTURED})
     reserved_params = frozenset({'model', 'messages', 'stream', 'stream_options', 'n', 'tools'})
+    # Chat's file part carries bytes only; a text file goes in as text.
+    accepts = {mod_attachments.DATA: mod_attachments.MEDIA_TYPES, mod_attachments.URL: mod_attachments.IMAGES}
 
     cut_short = {'length': 'max_output_tokens', 'content_filter': 'content_filter'}
 
@@ -76,7 +79,7 @@ class OpenAIProvider(Provider):
             messages.append({'role': 'system', 'content': request.system})
         for turn in request.history:
             messages += _turn_messages(turn.user, self.steps(turn))
-        messages += _turn_messages(request.text, self.current(request))
+        messages += _turn_messages(user_content(request.text, request.attachments), self.current(request))
 
         params = self.body_params(request)
         # OpenAI rejects a body that carries both limits.
@@ -208,7 +211,23 @@ class _Answer:
         return completion
 
 
-def _turn_messages(user: str, steps: list[dict]) -> list[dict]:
+def user_content(text: str, attached: tuple) -> Any:
+    """A user message's content: its text, after ``image_url`` / ``file`` parts for its attachments."""
+    if not attached:
+        return text
+    return [_attachment_part(a) for a in attached] + [{'type': 'text', 'text': text}]
+
+
+def _attachment_part(attachment) -> dict:
+    kind = attachment.media_type
+    if kind in mod_attachments.IMAGES:
+        return {'type': 'image_url', 'image_url': {'url': attachment.url or attachment.data_url}}
+    if kind == mod_attachments.TEXT:
+        return {'type': 'text', 'text': attachment.text}
+    return {'type': 'file', 'file': {'file_data': attachment.data_url, 'filename': attachment.name or 'document.pdf'}}
+
+
+def _turn_messages(user: Any, steps: list[dict]) -> list[dict]:
     """One turn: the user's message, each round's assistant message, one tool message per output."""
     messages: list[dict[str, Any]] = [{'role': 'user', 'content': user}]
     reply = plain_reply(steps)

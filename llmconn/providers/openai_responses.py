@@ -42,6 +42,7 @@ import dataclasses
 from dataclasses import replace
 from typing import Any, Iterable, Iterator
 
+from llmconn import attachments as mod_attachments
 from llmconn import items as mod_items
 from llmconn.errors import LLMError
 from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, STRUCTURED, SYSTEM, TOOLS, Chain
@@ -75,6 +76,8 @@ class OpenAIResponsesProvider(Provider):
     capabilities = frozenset({STREAM, SYSTEM, REASONING_REPLAY, STATEFUL, TOOLS, STRUCTURED})
     reserved_params = frozenset({'model', 'input', 'instructions', 'stream', 'store', 'previous_response_id',
                                  'tools'})
+    accepts = {mod_attachments.DATA: mod_attachments.MEDIA_TYPES,
+               mod_attachments.URL: mod_attachments.IMAGES | {mod_attachments.PDF}}
 
     @property
     def mode(self) -> str:
@@ -113,7 +116,7 @@ class OpenAIResponsesProvider(Provider):
         else:
             for turn in request.history:
                 items += _turn_items(turn.user, self.steps(turn), custom)
-            items += _turn_items(request.text, self.current(request), custom)
+            items += _turn_items(user_content(request.text, request.attachments), self.current(request), custom)
 
         body: dict[str, Any] = {'model': self.conf.model}
         # Instructions are not carried along a chain: they go with every call.
@@ -268,7 +271,25 @@ class ResponsesChain(Chain):
         return {'response_id': reply.response_id, 'chain': self.length}
 
 
-def _turn_items(user: str, steps: list[dict], custom: frozenset = frozenset()) -> list[dict]:
+def user_content(text: str, attached: tuple) -> Any:
+    """A user message's content: its text, after ``input_image`` / ``input_file`` parts for its attachments."""
+    if not attached:
+        return text
+    return [_attachment_part(a) for a in attached] + [{'type': 'input_text', 'text': text}]
+
+
+def _attachment_part(attachment) -> dict:
+    kind = attachment.media_type
+    if kind in mod_attachments.IMAGES:
+        return {'type': 'input_image', 'image_url': attachment.url or attachment.data_url, 'detail': 'auto'}
+    if kind == mod_attachments.TEXT:
+        return {'type': 'input_text', 'text': attachment.text}
+    if attachment.url:
+        return {'type': 'input_file', 'file_url': attachment.url}
+    return {'type': 'input_file', 'file_data': attachment.data_url, 'filename': attachment.name or 'document.pdf'}
+
+
+def _turn_items(user: Any, steps: list[dict], custom: frozenset = frozenset()) -> list[dict]:
     reply = plain_reply(steps)
     if reply is not None:
         return [_message('user', user), _message('assistant', reply)]
@@ -342,7 +363,7 @@ def _reasoning_texts(item: dict) -> list[str]:
             if isinstance(p, dict) and p.get('type', 'reasoning_text') == 'reasoning_text']
 
 
-def _message(role: str, text: str) -> dict[str, Any]:
+def _message(role: str, text: Any) -> dict[str, Any]:
     return {'role': role, 'content': text}
 
 

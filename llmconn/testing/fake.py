@@ -27,6 +27,7 @@ import uuid
 from collections import deque
 from typing import Any, Iterable, Iterator, Mapping
 
+from llmconn import attachments as mod_attachments
 from llmconn import items as mod_items
 from llmconn import structured
 from llmconn import tools as mod_tools
@@ -73,6 +74,7 @@ class FakeConnection:
         self.name = name
         # Params the real mapping sets itself, refused as the real connection refuses them.
         self.reserved_params = PROVIDERS[provider].reserved_params
+        self.accepts = PROVIDERS[provider].accepts      # and the attachments it takes
         self.max_history_turns = max_history_turns
         self.replies: deque = deque(replies or ())
         self.calls: list[dict] = []
@@ -91,19 +93,23 @@ class FakeConnection:
 
     # The public API of a connection
 
-    def invoke(self, text: str, skill: str = '', tools: Any = None, schema: Any = None, **params: Any) -> dict:
-        return self._answer('invoke', text, '', skill, params, tools, None, schema)
+    def invoke(self, text: str, skill: str = '', tools: Any = None, schema: Any = None,
+               attachments: Any = None, **params: Any) -> dict:
+        return self._answer('invoke', text, '', skill, params, tools, None, schema, attachments)
 
     def chat(self, text: str = '', chat_id: str = '', skill: str = '', tools: Any = None,
-             tool_outputs: dict | None = None, schema: Any = None, **params: Any) -> dict:
-        return self._answer('chat', text, chat_id, skill, params, tools, tool_outputs, schema)
+             tool_outputs: dict | None = None, schema: Any = None, attachments: Any = None,
+             **params: Any) -> dict:
+        return self._answer('chat', text, chat_id, skill, params, tools, tool_outputs, schema, attachments)
 
     def stream(self, text: str = '', chat_id: str = '', skill: str = '', tools: Any = None,
-               tool_outputs: dict | None = None, schema: Any = None, **params: Any) -> Iterator[Event]:
+               tool_outputs: dict | None = None, schema: Any = None, attachments: Any = None,
+               **params: Any) -> Iterator[Event]:
         """Checks and records now; deltas, then one ``done``, as the caller iterates."""
         prepared = self._checked(text, chat_id, skill, params, tools, tool_outputs)
         output = structured.prepare(schema)
-        reply = self._record_and_pop('stream', text, chat_id, skill, params, prepared, tool_outputs)
+        attached = self._attachments(attachments)
+        reply = self._record_and_pop('stream', text, chat_id, skill, params, prepared, tool_outputs, attached)
         return self._stream(reply, text, chat_id, skill, prepared, tool_outputs, output)
 
     def ping(self) -> bool:
@@ -143,16 +149,23 @@ class FakeConnection:
                                f'got {sorted(outputs)}')
         return prepared
 
+    def _attachments(self, attachments: Any) -> tuple:
+        """``attachments=`` checked as a connection with the default ``max_attachment_bytes`` checks it."""
+        return mod_attachments.check(attachments, self.name, mod_attachments.DEFAULT_MAX_BYTES, self.accepts)
+
     def _answer(self, method: str, text: str, chat_id: str, skill: str, params: dict, tools: Any,
-                outputs: dict | None, schema: Any = None) -> dict:
+                outputs: dict | None, schema: Any = None, attachments: Any = None) -> dict:
         prepared = self._checked(text, chat_id, skill, params, tools, outputs)
         output = structured.prepare(schema)       # checked as a connection checks it
-        reply = self._record_and_pop(method, text, chat_id, skill, params, prepared, outputs)
+        attached = self._attachments(attachments)
+        reply = self._record_and_pop(method, text, chat_id, skill, params, prepared, outputs, attached)
         return self._turn(reply, text, chat_id, skill, prepared, outputs, output)
 
     def _record_and_pop(self, method: str, text: str, chat_id: str, skill: str, params: dict,
-                        tools: tuple = (), outputs: dict | None = None) -> Any:
+                        tools: tuple = (), outputs: dict | None = None, attached: tuple = ()) -> Any:
         record = {'method': method, 'text': text, 'chat_id': chat_id, 'skill': skill, 'params': dict(params)}
+        if attached:
+            record['attachments'] = list(attached)
         if tools:           # only when given: a service's test comparing records of plain calls stays as it was
             record['tools'] = [t.name for t in tools]
         if outputs is not None:

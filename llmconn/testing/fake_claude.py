@@ -21,6 +21,7 @@ from llmconn.testing.fake_common import (
     REDACT_PREFIX, THINK_PREFIX, ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id,
     reply_text, require_json_object, text_chunks)
 from llmconn.testing.fake_cache import CacheRefused, claude_usage
+from llmconn.testing.fake_attachments import claude_attached
 from llmconn.testing.fake_structured import answer, claude_format
 from llmconn.testing.fake_tools import argument_chunks, decide, violation
 
@@ -163,8 +164,9 @@ def messages(call: Call) -> JSONAnswer | StreamAnswer:
     _check_replayed_thinking(history, call)
     _check_tool_pairs(history, call, _thinking_on(body))
     usage = _cache_usage(call, body)
-    said = [m for m in history if m['role'] == 'user' and not _blocks(m, 'tool_result')]
-    users = [_text_of(m.get('content')) for m in said]
+    said = [(i, m) for i, m in enumerate(history) if m['role'] == 'user' and not _blocks(m, 'tool_result')]
+    users = [_text_of(m.get('content')) for _, m in said]
+    attached = [claude_attached(m.get('content'), f'messages.{i}', error) for i, m in said]
     outputs = [_result_text(b) for b in _blocks(history[-1], 'tool_result')]
     declared = [t.get('name') for t in body.get('tools') or () if isinstance(t, dict)]
     system = _text_of(body.get('system'))
@@ -174,7 +176,7 @@ def messages(call: Call) -> JSONAnswer | StreamAnswer:
         content = _tool_blocks(body, action, call.state.signer)
         text, stop = '', 'tool_use'
     else:
-        text = action if isinstance(action, str) else reply_text(users, bool(system))
+        text = action if isinstance(action, str) else reply_text(users, bool(system), attached)
         stop = 'end_turn'
         if schema is not None:
             text, refusal = answer(schema, users[-1] if users else '')

@@ -6,7 +6,9 @@ from the reply alone what the model was sent::
     echo: <last user text> | users: <n> | previous: <user text before the last, or -> | system: <yes|no>
 
 and a last user text starting with ``recall:`` adds `` | first: <the first user text>``, so a memory
-test can ask for what only the whole conversation holds.
+test can ask for what only the whole conversation holds. When user messages carried attachments
+(:mod:`llmconn.testing.fake_attachments`), `` | attached: <media types of the last one's, or ->
+| files: <how many in all user messages>`` follows.
 
 Token counts are whitespace-separated words: input = every input text
 (system + messages), output = the reply text. A handler returns a
@@ -39,14 +41,17 @@ _WORD_CHUNK = re.compile(r'\S+\s*')
 WORDS_PER_DELTA = 2
 
 
-def reply_text(user_texts: list[str], has_system: bool) -> str:
-    """The deterministic answer to a conversation whose user messages are ``user_texts``."""
+def reply_text(user_texts: list[str], has_system: bool, attached: list[list[str]] | None = None) -> str:
+    """The deterministic answer to a conversation whose user messages are ``user_texts``
+    (``attached``: each one's attachments' media types)."""
     last = user_texts[-1] if user_texts else ''
     previous = user_texts[-2] if len(user_texts) > 1 else NO_PREVIOUS
     system = 'yes' if has_system else 'no'
     text = f'echo: {last} | users: {len(user_texts)} | previous: {previous} | system: {system}'
     if last.startswith(RECALL_PREFIX):
         text += f' | first: {user_texts[0]}'
+    if attached and any(attached):
+        text += f' | attached: {", ".join(attached[-1]) or NO_PREVIOUS} | files: {sum(map(len, attached))}'
     return text
 
 

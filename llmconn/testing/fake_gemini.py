@@ -19,6 +19,7 @@ from llmconn.testing.fake_cache import gemini_cached
 from llmconn.testing.fake_common import (
     THINK_PREFIX, ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id, reply_text,
     require_json_object, text_chunks)
+from llmconn.testing.fake_attachments import gemini_attached
 from llmconn.testing.fake_structured import answer, gemini_format
 from llmconn.testing.fake_tools import decide, signed_call, violation
 
@@ -112,7 +113,9 @@ def generate_content(call: Call) -> JSONAnswer | StreamAnswer:
     body = require_json_object(call, error)
     contents = _validate(body)
     _check_function_turns(contents, call)
-    users = [_parts_text(c) for c in contents if c.get('role', 'user') == 'user' and _parts(c, 'text')]
+    said = [c for c in contents if c.get('role', 'user') == 'user' and _parts(c, 'text')]
+    users = [_parts_text(c) for c in said]
+    attached = [gemini_attached(c.get('parts'), error) for c in said]
     outputs = [_response_text(p) for p in _parts(contents[-1], 'functionResponse')]
     declared = [d.get('name') for t in body.get('tools') or () if isinstance(t, dict)
                 for d in t.get('functionDeclarations') or () if isinstance(d, dict)]
@@ -125,7 +128,7 @@ def generate_content(call: Call) -> JSONAnswer | StreamAnswer:
                  for n, a in action]
         text = ''
     else:
-        text = action if isinstance(action, str) else reply_text(users, bool(system))
+        text = action if isinstance(action, str) else reply_text(users, bool(system), attached)
         if schema is not None:      # Gemini has no refusal of its own: refused words come as the text
             text = ''.join(answer(schema, users[-1] if users else ''))
         parts = [{'text': text}]

@@ -18,6 +18,7 @@ from llmconn.testing.fake_cache import openai_cached
 from llmconn.testing.fake_common import (
     ApiError, Call, JSONAnswer, StreamAnswer, count_words, new_id, now, reply_text,
     require_json_object, text_chunks)
+from llmconn.testing.fake_attachments import chat_attached
 from llmconn.testing.fake_structured import answer, openai_format
 from llmconn.testing.fake_tools import argument_chunks, decide, violation
 
@@ -125,6 +126,8 @@ def chat_completions(call: Call) -> JSONAnswer | StreamAnswer:
     _check_tool_answers(messages, call)
     texts = [content_text(m.get('content')) for m in messages]
     users = [t for m, t in zip(messages, texts) if m['role'] == 'user']
+    attached = [chat_attached(m.get('content'), f'messages[{i}]', error) for i, m in enumerate(messages)
+                if m['role'] == 'user']
     system = any(t for m, t in zip(messages, texts) if m['role'] in SYSTEM_ROLES)
     outputs = []
     for message, text in zip(reversed(messages), reversed(texts)):
@@ -135,7 +138,7 @@ def chat_completions(call: Call) -> JSONAnswer | StreamAnswer:
     schema = openai_format(body.get('response_format'), 'response_format', error)
     action = decide(users[-1] if users else '', outputs, declared)
     calls = action if isinstance(action, list) else []
-    text = action if isinstance(action, str) else '' if calls else reply_text(users, system)
+    text = action if isinstance(action, str) else '' if calls else reply_text(users, system, attached)
     refusal = ''
     if schema is not None and not calls:
         text, refusal = answer(schema, users[-1] if users else '')

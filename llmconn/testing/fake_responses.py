@@ -26,6 +26,7 @@ from llmconn.testing.fake_common import (
     Call, JSONAnswer, StreamAnswer, count_words, new_id, now, numbered, reply_text,
     require_json_object, text_chunks)
 from llmconn.testing.fake_openai import SYSTEM_ROLES, content_text, empty_array, error, missing
+from llmconn.testing.fake_attachments import responses_attached
 from llmconn.testing.fake_structured import answer, openai_format
 from llmconn.testing.fake_tools import argument_chunks, decide, violation
 
@@ -70,13 +71,15 @@ def _check_function_call(call: Call, raw: list, i: int, item: dict) -> None:
                  f"'reasoning' item: '{reasoning_id}'.", 'input'))
 
 
-def _input_messages(call: Call, body: dict, known_calls: set) -> tuple[list, list, set]:
-    """``(role, text)`` of every input message, the trailing function outputs and the call ids.
+def _input_messages(call: Call, body: dict, known_calls: set, attached: list) -> tuple[list, list, set]:
+    """``(role, text)`` of every input message, the trailing function outputs and the call ids; the
+    media types of each user message's attachments are appended to ``attached``.
 
     Replayed reasoning items and function calls are verified; every output must answer a known call.
     """
     raw = body['input']
     if isinstance(raw, str):
+        attached.append([])
         return [('user', raw)], [], set()
     if not isinstance(raw, list):
         raise error(400, "Invalid type for 'input': expected a string or an array.", 'input', 'invalid_type')
@@ -102,6 +105,8 @@ def _input_messages(call: Call, body: dict, known_calls: set) -> tuple[list, lis
                 raise error(400, f"Invalid value: '{role}'. Supported values are: 'user', 'assistant', "
                                  f"'system', and 'developer'.", f'input[{i}].role', 'invalid_value')
             messages.append((role, content_text(item.get('content'))))
+            if role == 'user':
+                attached.append(responses_attached(item.get('content'), f'input[{i}]', error))
         elif kind is None:
             raise error(400, f"Invalid type for 'input[{i}]': expected an object.", f'input[{i}]',
                         'invalid_type')
@@ -176,7 +181,8 @@ def responses(call: Call) -> JSONAnswer | StreamAnswer:
     _validate(body)
     previous = _previous(call, body)
     known = set(previous.get('call_ids', ())) if previous else set()
-    current, outputs, call_ids = _input_messages(call, body, known)
+    attached = list(previous.get('attached', ())) if previous else []
+    current, outputs, call_ids = _input_messages(call, body, known, attached)
     context = (previous['context'] if previous else []) + current
     users = [text for role, text in context if role == 'user']
     instructions = body.get('instructions') or ''
@@ -189,7 +195,7 @@ def responses(call: Call) -> JSONAnswer | StreamAnswer:
         output = _calls_output(body, action, call.state.signer, call.state)
     else:
         text = action if isinstance(action, str) else reply_text(
-            users, bool(instructions) or any(t for r, t in current if r in SYSTEM_ROLES))
+            users, bool(instructions) or any(t for r, t in current if r in SYSTEM_ROLES), attached)
         if schema is not None:
             text, refusal = answer(schema, users[-1] if users else '')
         output = _output(body, text, users[-1] if users else '', call.state.signer, refusal)
@@ -211,6 +217,7 @@ def responses(call: Call) -> JSONAnswer | StreamAnswer:
         issued = {o['call_id'] for o in output if o['type'] in _CALLS}
         said = [('assistant', text)] if text else []
         call.state.store_response(response['id'], {'response': response, 'context': context + said,
+                                                   'attached': attached,
                                                    'call_ids': sorted(known | call_ids | issued)},
                                   [item['id'] for item in output])
     if body.get('stream'):
