@@ -49,10 +49,13 @@ import json
 import secrets
 import weakref
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmconn import items as canon
 from llmconn.errors import GatewayError
+
+if TYPE_CHECKING:
+    from llmconn.gateway.call_registry import Registry
 
 ENCRYPTED_REASONING = 'reasoning.encrypted_content'
 FORMAT = 'llmconn.r1'
@@ -163,12 +166,11 @@ def has_sealed(items: list[dict]) -> bool:
     return any(i['type'] == 'reasoning' and i.get('encrypted_content') is not None for i in items)
 
 
-def restore(items: list[dict], opener: Sealer | None, registry: Any = None) -> list[dict]:
+def restore(items: list[dict], opener: Sealer | None, registry: 'Registry | None' = None) -> list[dict]:
     """``items`` with each response's sealed reasoning made its answer again, and bare reasoning items left out.
 
-    The runs without a sealed reasoning item are looked up in ``registry``
-    (:class:`llmconn.gateway.call_registry.Registry`) by the calls the gateway issued, all in one
-    round trip, when one is given.
+    The runs without a sealed reasoning item are looked up in the tool-call ``registry`` by the calls
+    the gateway issued, all in one round trip, when one is given.
     """
     runs = _runs(items)
     bare = [i for i, run in enumerate(runs) if run['assistant'] and not _sealed(run['items'])]
