@@ -57,7 +57,9 @@ def test_a_python_block_of_the_readme_runs_as_written(line, code, provider, monk
     monkeypatch.setenv('LLMCONN_PROVIDER_ADDRESS', provider.url)
     for name in ('REDIS_URL', 'ANTHROPIC_API_KEY', 'OPENAI_API_KEY', 'GEMINI_API_KEY', 'LLMCONN_API_KEY'):
         monkeypatch.delenv(name, raising=False)
-    exec(compile(code, f'README.md:{line}', 'exec'), {'__name__': f'readme_line_{line}'})
+    # dont_inherit: the block runs as a reader's file would, without this module's __future__ imports
+    # (under which pydantic could not resolve a model's annotations in the block's namespace).
+    exec(compile(code, f'README.md:{line}', 'exec', dont_inherit=True), {'__name__': f'readme_line_{line}'})
 
 
 CONFIG_KEYS = {'redis', 'skills_dir', 'server', 'llm'}
