@@ -32,7 +32,7 @@ from llmconn.testing.fake_control import READY_PREFIX as FAKE_READY_PREFIX
 
 DEFAULT_PROVIDER_PORT = 17011
 REAL_PROVIDER_ADDRESS = 'https://api.anthropic.com'
-STARTUP_TIMEOUT = 20.0      # seconds a process gets to start answering HTTP
+STARTUP_TIMEOUT = 60.0      # seconds a process gets to start answering HTTP (a loaded machine needs them)
 STOP_TIMEOUT = 10.0         # seconds a process gets to exit after SIGTERM before it is killed
 
 

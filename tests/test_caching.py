@@ -158,13 +158,14 @@ def test_claude_stream_done_carries_the_cache_counts(chat_on):
 
 def test_openai_chat_sends_its_key_and_reads_the_cached_prefix(chat_on, provider, unique):
     conn = chat_on('openai', 'gpt-4o-mini', '/v1')
-    conn.chat('first question', chat_id='c1', skill='long')
-    second = conn.chat('second question', chat_id='c1', skill='long')['usage']
+    conn.chat('first question', chat_id='user-ann', skill='long')
+    second = conn.chat('second question', chat_id='user-ann', skill='long')['usage']
     # Call 1 sent 2,002 words (skill, question): kept in 128-word steps from 1,024, so 1,920 are read.
     assert second['cache_read_tokens'] == 1920
     keys = {r['body'].get('prompt_cache_key') for r in provider.requests if r['path'] == '/v1/chat/completions'}
-    assert keys == {chat_cache_key(unique, 'c1')}
-    assert 'c1' not in json.dumps(sorted(keys))
+    assert keys == {chat_cache_key(unique, 'user-ann')}
+    # The chat id is not hex, so the hash cannot hold it by chance.
+    assert 'user-ann' not in json.dumps(sorted(keys))
 
 
 def test_the_shipped_responses_template_maps_cached_tokens(redis_url, provider, unique, open_registry):

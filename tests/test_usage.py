@@ -122,8 +122,10 @@ def test_the_background_flusher_writes_invokes_without_being_asked(open_registry
     registry.usage.flush_interval = 0.01
     result = registry[unique].invoke('hello')
     deadline = time.monotonic() + 10
-    while _totals(registry.store, unique)['calls'] == 0 and time.monotonic() < deadline:
-        threading.Event().wait(0.01)        # polling what another thread writes, with a deadline
+    # The flusher writes the batch, then forgets it: wait for both, polling with a deadline.
+    while ((_totals(registry.store, unique)['calls'] == 0 or registry.usage.pending())
+           and time.monotonic() < deadline):
+        threading.Event().wait(0.01)
     assert registry.usage.pending() == 0
     assert _totals(registry.store, unique) == {'calls': 1, 'errors': 0, **_sum([result])}
 
