@@ -98,9 +98,10 @@ def client(gw, bodies):
 def agent(client, backend: str, chat: bool = False, tools: tuple = (get_order,)) -> Agent:
     client = client()
     kind = OpenAIChatCompletionsModel if chat else OpenAIResponsesModel
-    # A Responses backend reasons when asked to; Claude's and Gemini's thinking is their connection's.
-    settings = ModelSettings(reasoning=Reasoning(effort='low', summary='auto')) \
-        if backend.startswith('Responses') and not chat else ModelSettings()
+    # A Responses backend reasons when asked to (reasoning_effort on the Chat route, which has no summary);
+    # Claude's and Gemini's thinking is their connection's.
+    settings = ModelSettings(reasoning=Reasoning(effort='low', summary=None if chat else 'auto')) \
+        if backend.startswith('Responses') else ModelSettings()
     return Agent(name='orders', instructions='Answer from the tools.', tools=list(tools),
                  model=kind(model=backend, openai_client=client), model_settings=settings)
 
@@ -117,11 +118,8 @@ def last_body(gw, backend: str) -> dict:
     return [r for r in gw.fake.requests if r['path'].endswith(PATHS[backend])][-1]['body']
 
 
-def check_provider_items(gw, backend: str, tool_turns: int, reasoned: bool = True) -> None:
-    """The last backend request carries ``tool_turns`` tool turns, each with its provider items.
-
-    ``reasoned``: the request asked a Responses backend to reason (the Chat model's requests do not).
-    """
+def check_provider_items(gw, backend: str, tool_turns: int) -> None:
+    """The last backend request carries ``tool_turns`` tool turns, each with its provider items."""
     body = last_body(gw, backend)
     if backend == 'Claude':
         turns = [m['content'] for m in body['messages'] if m['role'] == 'assistant' and isinstance(m['content'], list)
@@ -130,14 +128,14 @@ def check_provider_items(gw, backend: str, tool_turns: int, reasoned: bool = Tru
     elif backend.startswith('Gemini'):
         turns = [p for c in body['contents'] if c['role'] == 'model' for p in c['parts'] if 'functionCall' in p]
         assert all(p.get('thoughtSignature') for p in turns), turns
-    elif backend.startswith('Responses') and reasoned:
+    elif backend.startswith('Responses'):
         # Encrypted reasoning where the gateway keeps the state; the backend's own stored item by id otherwise.
         kinds = [i.get('type') for i in body['input']]
         turns = [n for n, k in enumerate(kinds) if k == 'function_call']
         assert all(kinds[n - 1] == 'reasoning' for n in turns), kinds
         assert backend == 'Responses' or all(body['input'][n - 1]['encrypted_content'] for n in turns), kinds
     else:
-        return      # no provider items to carry (Chat, plain Claude, a Responses backend not reasoning)
+        return      # no provider items to carry (Chat, plain Claude)
     assert len(turns) == tool_turns
 
 
@@ -159,7 +157,7 @@ def test_a_second_tool_turn_replays_the_first_with_its_provider_items(gw, client
     second = run(Runner.run(agent(client, backend), first.to_input_list() + [{'role': 'user', 'content': ASK_AGAIN}]))
     assert second.final_output == 'tool said: order B-2 shipped'
     assert gw.fake.violations == []
-    check_provider_items(gw, backend, 2, reasoned=False)
+    check_provider_items(gw, backend, 2)
 
 
 @pytest.mark.parametrize('chat', [False, True], ids=['responses', 'chat'])
@@ -171,7 +169,7 @@ def test_every_round_of_a_turn_keeps_its_provider_items(gw, client, backend, cha
                             'call find_order {"customer": "ada"}'))
     assert result.final_output == 'tool said: order C-3 shipped'
     assert gw.fake.violations == []
-    check_provider_items(gw, backend, 2, reasoned=not chat)
+    check_provider_items(gw, backend, 2)
 
 
 @pytest.mark.parametrize('backend', BACKENDS)
@@ -215,7 +213,7 @@ def test_the_chat_completions_model(gw, client, backend):
                             first.to_input_list() + [{'role': 'user', 'content': ASK_AGAIN}]))
     assert second.final_output == 'tool said: order B-2 shipped'
     assert gw.fake.violations == []
-    check_provider_items(gw, backend, 2, reasoned=False)
+    check_provider_items(gw, backend, 2)
 
 
 def test_zero_retention_keeps_no_provider_items_and_says_what_to_do(gw):
