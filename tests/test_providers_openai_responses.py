@@ -9,7 +9,7 @@ from openai.types.responses.response_create_params import (ResponseCreateParamsN
 from pydantic import TypeAdapter
 
 from llmconn.errors import ConfigError, InvalidInput, LLMError
-from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, SYSTEM, TOOLS, STRUCTURED
+from llmconn.providers.base import CUSTOM_TOOLS, REASONING_REPLAY, SSE, STATEFUL, STREAM, STRUCTURED, SYSTEM, TOOLS
 from llmconn.types import Request, Turn
 
 from provider_helpers import SECRET, assert_valid, make_provider, run_stream, same_answer, sse
@@ -51,7 +51,7 @@ def test_urls_headers_capabilities_and_mode():
     assert provider.url() == provider.url(stream=True) == 'http://127.0.0.1:9/v1/responses'
     assert provider.ping_url() == 'http://127.0.0.1:9/v1/models'
     assert provider.headers() == {'content-type': 'application/json', 'authorization': f'Bearer {SECRET}'}
-    assert provider.capabilities == {STREAM, SYSTEM, REASONING_REPLAY, STATEFUL, TOOLS, STRUCTURED}
+    assert provider.capabilities == {STREAM, SYSTEM, REASONING_REPLAY, STATEFUL, TOOLS, STRUCTURED, CUSTOM_TOOLS}
     assert provider.mode == 'local' and responses(state='provider').mode == 'provider'
     assert provider.tag == 'openai-responses/gpt-5-mini/local'
 

@@ -17,8 +17,8 @@ them and the connection lists them in its ``hosted_tools``; otherwise the
 request is refused before dispatch.
 
 Custom tools (``{"type": "custom", "name", "description", "format"}``,
-free-form input, Responses only) go verbatim to an ``openai-responses``
-backend, which runs the model that can call them; any other backend is a
+free-form input, Responses only) go verbatim to a backend whose provider
+has the ``custom_tools`` capability (``openai-responses``); any other is a
 400 naming the tool before dispatch. Their calls come back as
 ``custom_tool_call`` items (``input``: text) and are answered by
 ``custom_tool_call_output`` items; inside the gateway a custom call is a
@@ -37,10 +37,14 @@ from llmconn.gateway.echo import shown
 from llmconn.gateway.backend import kind
 from llmconn.gateway.items import CUSTOM_TYPES
 from llmconn.gateway.stream import arguments_text, item_id  # noqa: F401 - arguments_text: part of this API
+from llmconn.providers import PROVIDERS
+from llmconn.providers.base import CUSTOM_TOOLS
+
+# Named in errors: the provider kinds that take custom tools.
+CUSTOM_BACKENDS = ' or '.join(name for name, cls in PROVIDERS.items() if CUSTOM_TOOLS in cls.capabilities)
 
 FUNCTION_KINDS = (None, 'function')
 CUSTOM_KIND = 'custom'
-CUSTOM_BACKEND = 'openai-responses'
 _CUSTOM_FIELDS = ('type', 'name', 'description', 'format')
 _GRAMMAR_SYNTAXES = ('lark', 'regex')
 # The work of checking a request's tool schemas grows with their size (about 10 µs per byte, uncached):
@@ -104,8 +108,8 @@ def _custom(conn: Any, tool: dict, where: str, chat: bool) -> dict:
     if chat:
         raise GatewayError(f'{where}: custom tools are offered on /v1/responses only', param=f'{where}.type',
                            code='unsupported_field')
-    if kind(conn) != CUSTOM_BACKEND:
-        raise GatewayError(f'{where}: custom tools (type "custom", free-form input) need an {CUSTOM_BACKEND} '
+    if CUSTOM_TOOLS not in conn.provider.capabilities:
+        raise GatewayError(f'{where}: custom tools (type "custom", free-form input) need an {CUSTOM_BACKENDS} '
                            f'backend; model {conn.name!r} is a {kind(conn)} backend. Declare a function tool '
                            f'instead', param=f'{where}.type', code='unsupported_field')
     extra = sorted(set(tool) - set(_CUSTOM_FIELDS))
@@ -133,8 +137,8 @@ def _check_format(fmt: Any, where: str) -> None:
 def check_items(conn: Any, context: list, custom: frozenset) -> None:
     """Custom tool items only to a backend that has custom tools, and only for the custom tools declared."""
     item = next((i for i in context if i['type'] in CUSTOM_TYPES), None)
-    if item is not None and kind(conn) != CUSTOM_BACKEND:
-        raise GatewayError(f'input: {item["type"]} items need an {CUSTOM_BACKEND} backend; model {conn.name!r} is a '
+    if item is not None and CUSTOM_TOOLS not in conn.provider.capabilities:
+        raise GatewayError(f'input: {item["type"]} items need an {CUSTOM_BACKENDS} backend; model {conn.name!r} is a '
                            f'{kind(conn)} backend', param='input', code='unsupported_field')
     undeclared = sorted({i['name'] for i in context if i['type'] == 'custom_tool_call'} - custom)
     if undeclared:

@@ -32,6 +32,7 @@ REASONING_REPLAY = 'reasoning_replay'
 STATEFUL = 'stateful'
 TOOLS = 'tools'
 STRUCTURED = 'structured'       # schema= answered natively (llmconn.structured)
+CUSTOM_TOOLS = 'custom_tools'       # tools with free-form input (``type: custom``), besides JSON functions
 
 # OpenAI's end-of-stream marker; some servers imitating other providers send it too.
 DONE_MARKER = '[DONE]'

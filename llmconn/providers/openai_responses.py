@@ -45,8 +45,8 @@ from typing import Any, Iterable, Iterator
 from llmconn import attachments as mod_attachments
 from llmconn import items as mod_items
 from llmconn.errors import LLMError
-from llmconn.providers.base import REASONING_REPLAY, SSE, STATEFUL, STREAM, STRUCTURED, SYSTEM, TOOLS, Chain
-from llmconn.providers.base import Provider
+from llmconn.providers.base import CUSTOM_TOOLS, REASONING_REPLAY, SSE, STATEFUL, STREAM, STRUCTURED, SYSTEM, TOOLS
+from llmconn.providers.base import Chain, Provider
 from llmconn.providers.base import arguments_json, forgot_previous, is_done_marker, json_event, nonempty, plain_reply
 from llmconn.providers.base import parse_arguments
 from llmconn.providers.base import tokens
@@ -73,7 +73,7 @@ class OpenAIResponsesProvider(Provider):
 
     name = 'openai-responses'
     default_address = 'https://api.openai.com/v1'
-    capabilities = frozenset({STREAM, SYSTEM, REASONING_REPLAY, STATEFUL, TOOLS, STRUCTURED})
+    capabilities = frozenset({STREAM, SYSTEM, REASONING_REPLAY, STATEFUL, TOOLS, STRUCTURED, CUSTOM_TOOLS})
     reserved_params = frozenset({'model', 'input', 'instructions', 'stream', 'store', 'previous_response_id',
                                  'tools'})
     accepts = {mod_attachments.DATA: mod_attachments.MEDIA_TYPES,
