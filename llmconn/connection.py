@@ -277,17 +277,18 @@ class Connection:
             reply = yield from self._round(chain, chain.request(base, loop.items, loop.last), spec.stream)
             tally.answered(reply)
             loop.add(reply, chain.state(reply))
-            for item in reply.calls:
-                if spec.stream:
+            calls = reply.calls
+            if spec.stream:
+                for item in calls:
                     yield Event('tool_call', call=public_call(item))
-            if not reply.calls:
+            if not calls:
                 return loop
             if not spec.run_tools:
                 loop.waiting = True     # the caller runs every tool (the gateway's clients)
                 return loop
             if loop.rounds >= self.conf.max_tool_rounds:
                 continue        # raises above, before any tool runs for nothing
-            yield from self._run_tools(call, loop, reply.calls)
+            yield from self._run_tools(call, loop, calls)
             if loop.waiting:
                 return loop
 

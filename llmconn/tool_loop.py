@@ -26,7 +26,7 @@ class TurnLoop:
                  given_tag: str = '', pricing: Any = None) -> None:
         # ``given``: a turn in progress the caller keeps (the gateway's calls and outputs), natives
         # kept only for the provider, model and mode that made them; it is not this call's to count.
-        self.items: list[dict] = list(given) if given_tag == tag else mod_items.plain(list(given))
+        self.items: list[dict] = (list(given) if given_tag == tag else mod_items.plain(given)) if given else []
         self.given = len(self.items)
         self.last: Reply | None = None
         self.rounds = 0
@@ -44,8 +44,11 @@ class TurnLoop:
             self.state = dict(pending.state)
 
     def add(self, reply: Reply, state: dict) -> None:
+        if self.rounds:
+            add_usage(self.usage, reply.usage)
+        else:
+            self.usage = reply.usage        # a dict of its own, every count in it
         self.rounds += 1
-        add_usage(self.usage, reply.usage)
         self.items += list(reply.steps) or [mod_items.text(reply.text)]
         self.last = reply
         self.state = state
@@ -63,7 +66,7 @@ class TurnLoop:
     def result(self) -> dict:
         result = self.last.as_result()
         result['text'] = self.text
-        result['usage'] = add_usage({}, self.usage)
+        result['usage'] = dict(self.usage)
         if self.pricing is not None:
             result['usage']['cost'] = cost_micro_usd(self.pricing, result['usage'])
         result['rounds'] = self.rounds

@@ -10,6 +10,7 @@ locking. Keeping the mapping pure means most tests need no network.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -76,9 +77,9 @@ class Provider:
         """A connection's raw settings with the files they name read in, relative to ``base_dir``."""
         return data
 
-    @property
+    @functools.cached_property
     def tag(self) -> str:
-        """Which provider, model and mode produced a turn's opaque items."""
+        """Which provider, model and mode produced a turn's opaque items (fixed by the frozen config)."""
         return f'{self.name}/{self.conf.model}/{self.mode}'
 
     @property
@@ -232,6 +233,8 @@ class Chain:
         self.window = tuple(window)
 
     def request(self, base: Request, items: list[dict], last: Reply | None) -> Request:
+        if not items and not self.window:
+            return base         # a call without history (invoke, the gateway's first turn): as built
         return replace(base, history=self.window, items=tuple(items))
 
     def recover(self, error: LLMError, request: Request) -> Request | None:
