@@ -14,7 +14,13 @@ Added latency is the gateway's p50 / p99 minus the direct call's at the
 same concurrency. Per core: the machine's cores are shared by every process
 of the run (client, gateway, provider, Redis).
 
-    .venv/bin/python bench/bench_gateway.py [--quick]
+``--baseline DIR`` (repeatable) also serves the gateway from another
+checkout (e.g. a ``git worktree`` of an earlier commit), on the same Redis
+and fake, and measures its two routes (``chat@<dir name>``,
+``responses@<dir name>``) in the same alternating blocks, so the versions'
+CPU per request compare in one run.
+
+    .venv/bin/python bench/bench_gateway.py [--quick] [--levels 1,50] [--baseline DIR ...]
 """
 
 from gevent import monkey
@@ -48,7 +54,7 @@ def write_config(tmp: Path, fake_url: str, redis_url: str) -> Path:
 
 def run_block(ways: dict, way: str, clients: int, count: int) -> list[float]:
     """``count`` requests by ``clients`` concurrent clients; each request's latency in seconds."""
-    url, body, headers = ways[way]
+    url, body, headers, _ = ways[way]
     sessions = [requests.Session() for _ in range(clients)]
     latencies: list[float] = []
 
@@ -88,20 +94,38 @@ def process_tree(pid: int) -> list[int]:
     return [pid, *(int(c) for c in children.read_text().split())] if children.exists() else [pid]
 
 
-def measure(ways: dict, clients: int, total: int, gateway_pids: list[int]) -> dict:
+def measure(ways: dict, clients: int, total: int) -> dict:
+    """Each way's latencies, throughput and the CPU per request of the server that answers it."""
     results: dict = {way: [] for way in ways}
     elapsed: dict = {way: 0.0 for way in ways}
     cpu: dict = {way: 0.0 for way in ways}
-    run_block(ways, 'direct', clients, min(total, clients * 4))     # warm the pools
-    run_block(ways, 'chat', clients, min(total, clients * 4))
+    for way in ways:
+        run_block(ways, way, clients, min(total, clients * 4))     # warm the pools
     for _ in range(BLOCKS):
         for way in ways:
-            started, used = time.perf_counter(), cpu_seconds(gateway_pids)
+            pids = ways[way][3]
+            started, used = time.perf_counter(), cpu_seconds(pids)
             results[way] += run_block(ways, way, clients, total // BLOCKS)
             elapsed[way] += time.perf_counter() - started
-            cpu[way] += cpu_seconds(gateway_pids) - used
+            cpu[way] += cpu_seconds(pids) - used
     return {way: {'p50': percentile(lat, 50), 'p99': percentile(lat, 99), 'rps': len(lat) / elapsed[way],
                   'cpu': cpu[way] / len(lat)} for way, lat in results.items()}
+
+
+def serve(config: Path, services: Path, checkout: str | None) -> tuple:
+    """One ``llmconn serve`` of this checkout, or of ``checkout`` (its own code first on the path)."""
+    env, popen = None, {}
+    if checkout:
+        env, popen = dict(os.environ, PYTHONPATH=str(checkout)), {'cwd': str(checkout)}
+    port = free_port()
+    server = start_server(config, services, port, env=env, extra=['--log-level', 'WARNING'], **popen)
+    return server, f'http://127.0.0.1:{port}/v1'
+
+
+def gateway_ways(gateway: str, suffix: str, pids: list[int]) -> dict:
+    auth = {'Authorization': f'Bearer {KEY}'}
+    return {'chat' + suffix: (f'{gateway}/chat/completions', {'model': 'Chat', 'messages': QUESTION}, auth, pids),
+            'responses' + suffix: (f'{gateway}/responses', {'model': 'Chat', 'input': 'hello gateway'}, auth, pids)}
 
 
 def percentile(values: list[float], pct: int) -> float:
@@ -112,27 +136,33 @@ def percentile(values: list[float], pct: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--quick', action='store_true', help='a fifth of the requests')
+    parser.add_argument('--baseline', metavar='DIR', action='append', default=[],
+                        help='also serve the gateway from this checkout (repeatable)')
+    parser.add_argument('--levels', default=','.join(map(str, LEVELS)),
+                        help=f'concurrency levels, comma-separated, among {",".join(map(str, LEVELS))}')
     args = parser.parse_args()
+    levels = [int(n) for n in args.levels.split(',')]
+    if not set(levels) <= set(LEVELS):
+        parser.error(f'--levels: choose among {",".join(map(str, LEVELS))}')
     scale = 5 if args.quick else 1
     tmp = Path(tempfile.mkdtemp(prefix='bench-gateway-'))
     (tmp / 'services').mkdir()
     redis_proc, redis_url = start_redis()
     fake = FakeProviderServer.spawn()
-    port = free_port()
-    server = None
+    servers = []
     try:
-        server = start_server(write_config(tmp, fake.url, redis_url), tmp / 'services', port,
-                              extra=['--log-level', 'WARNING'])
-        gateway = f'http://127.0.0.1:{port}/v1'
-        auth = {'Authorization': f'Bearer {KEY}'}
-        ways = {'direct': (f'{fake.url}/v1/chat/completions',
-                           {'model': 'gpt-4.1', 'messages': QUESTION, 'max_tokens': 1024}, {}),
-                'chat': (f'{gateway}/chat/completions', {'model': 'Chat', 'messages': QUESTION}, auth),
-                'responses': (f'{gateway}/responses', {'model': 'Chat', 'input': 'hello gateway'}, auth)}
-        pids = process_tree(server.pid)
-        rows = [(clients, measure(ways, clients, REQUESTS[clients] // scale, pids)) for clients in LEVELS]
+        config = write_config(tmp, fake.url, redis_url)
+        ways = {'direct': (f'{fake.url}/v1/chat/completions',      # no gateway: no server CPU to count
+                           {'model': 'gpt-4.1', 'messages': QUESTION, 'max_tokens': 1024}, {}, [])}
+        checkouts = {'': None, **{'@' + Path(d).name: d for d in args.baseline}}
+        for suffix, checkout in checkouts.items():
+            server, gateway = serve(config, tmp / 'services', checkout)
+            servers.append(server)
+            ways.update(gateway_ways(gateway, suffix, process_tree(server.pid)))
+        rows = [(clients, measure(ways, clients, REQUESTS[clients] // scale)) for clients in levels]
     finally:
-        stop(server)
+        for server in servers:
+            stop(server)
         fake.stop()
         redis_proc.kill()
         redis_proc.wait()
@@ -166,6 +196,11 @@ def print_table(rows: list) -> None:
             print(f'{clients:>7} {way:>10} {figures["p50"] * 1000:8.2f} {figures["p99"] * 1000:8.2f} '
                   f'{figures["rps"]:8.0f} {added}')
     print(f'per core: divide req/s by {cores}')
+    for clients, result in rows:
+        for base in sorted({way.partition('@')[2] for way in result if '@' in way}):
+            ratios = [f'{way} {result[way]["cpu"] / result[f"{way}@{base}"]["cpu"]:.2f}'
+                      for way in ('chat', 'responses') if result[f'{way}@{base}']['cpu']]
+            print(f'{clients:>7} clients: gw CPU per request, this checkout / {base}: {", ".join(ratios)}')
 
 
 if __name__ == '__main__':
