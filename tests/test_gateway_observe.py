@@ -169,7 +169,7 @@ def test_a_failed_gateway_call_counts_in_the_error_metrics(stack):
 
 def test_a_stream_whose_backend_fails_before_its_first_event_is_recorded_failed_and_counted(stack):
     stack.fake.clear()
-    errors_before = quiet_usage(stack.redis, 'tenant-o', ('key-o', 'Support')).get('errors', 0)
+    errors_before = quiet_usage(stack, ('key-o', 'Support')).get('errors', 0)
     stack.fake.fail(500, count=1)
     with pytest.raises(openai.APIStatusError):
         with stack.client().responses.stream(model='Support', input='refused at once') as events:
@@ -177,7 +177,7 @@ def test_a_stream_whose_backend_fails_before_its_first_event_is_recorded_failed_
     records = [json.loads(stack.redis.get(k)) for k in stack.redis.scan_iter('llmconn:gw:resp:*')]
     assert records and not [r for r in records if r['status'] == 'in_progress']
     assert any(r['status'] == 'failed' for r in records)
-    counts = settled_usage(stack.redis, 'tenant-o', ('key-o', 'Support'),
+    counts = settled_usage(stack, ('key-o', 'Support'),
                            lambda u: u.get('errors', 0) > errors_before)
     assert counts.get('errors', 0) == errors_before + 1
 
