@@ -9,7 +9,8 @@ continuing ``b`` (or anything after it) before any network call.
 import openai
 import pytest
 
-from gateway_stack import GatewayStack, create
+from gateway_stack import ASK, ORDER_TOOL, GatewayStack, create
+from llmconn.gateway.call_registry import call_key
 
 
 @pytest.fixture(scope='module')
@@ -67,3 +68,17 @@ def test_deleting_one_branch_leaves_the_others(gw):
     d = create(client, model='Chat', input='recall: after c', previous_response_id=c.id)
     assert 'first: the root' in d.output_text and 'users: 3' in d.output_text
     assert create(client, model='Chat', input='after a', previous_response_id=a.id).status == 'completed'
+
+
+def test_deleting_a_response_drops_what_the_call_registry_kept_of_its_calls(gw):
+    client = gw.client()
+    first = create(client, model='Claude', input=ASK, tools=[ORDER_TOOL])
+    call = next(i for i in first.output if i.type == 'function_call')
+    assert gw.redis.exists(call_key('tenant-a', call.call_id))
+    client.responses.delete(first.id)
+    assert not gw.redis.exists(call_key('tenant-a', call.call_id))
+    items = [{'role': 'user', 'content': ASK}] + [i.model_dump(exclude_none=True) for i in first.output] + [
+        {'type': 'function_call_output', 'call_id': call.call_id, 'output': 'shipped'}]
+    with pytest.raises(openai.BadRequestError) as refused:      # nothing of it is restored any more
+        client.responses.create(model='Claude', input=items, tools=[ORDER_TOOL])
+    assert refused.value.body['code'] == 'reasoning_required'

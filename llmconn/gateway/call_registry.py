@@ -99,6 +99,11 @@ def remember(gw: Any, key: Any, steps: list[dict], tag: str) -> None:
     of(gw, key).remember(steps, tag)
 
 
+def forget(gw: Any, tenant: str, call_ids: list[str]) -> None:
+    """Drop what the registry keeps for these calls (their response was deleted)."""
+    gw.ledger.remove(*[call_key(tenant, call_id) for call_id in call_ids])
+
+
 def remember_answer(gw: Any, call: Any, answer: dict) -> None:
     """Keep a Responses answer's items (its canonical assistant item) when the response is stored."""
     opaque = answer.get('opaque')

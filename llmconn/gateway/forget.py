@@ -10,7 +10,9 @@ Instead, DELETE of ``a``:
 2. removes the kept conversation from every response that continues ``a``
    (they stay readable with GET, their own output and input; they can no
    longer be continued);
-3. deletes ``a``'s record.
+3. drops what the tool-call registry keeps of ``a``'s calls, so ``a``'s
+   items sent back by a client get nothing restored;
+4. deletes ``a``'s record.
 
 Continuing a response whose lineage holds a deleted response is then a 400
 ``previous_response_forgotten``, before any network call, whatever the
@@ -34,6 +36,7 @@ import json
 from typing import Any
 
 from llmconn.errors import GatewayError
+from llmconn.gateway import call_registry
 from llmconn.gateway.echo import shown
 from llmconn.store.records import RecordStore, response_key, tenant_digest
 
@@ -79,6 +82,7 @@ def forget(gw: Any, tenant: str, record: dict) -> None:
     gw.ledger.add_member(deleted, record['id'], gw.config.response_expiry)
     for member in gw.ledger.members(members):
         _scrub(gw.ledger, tenant, member, record['id'])
+    call_registry.forget(gw, tenant, [c['call_id'] for c in record.get('tool_calls') or ()])
     gw.ledger.delete(tenant, record['id'])
 
 

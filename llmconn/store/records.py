@@ -112,6 +112,10 @@ class RecordStore:
         """Set ``key`` to ``value`` only if it exists, keeping its expiry; whether it was set."""
         return bool(_run(lambda: self._client.set(key, value, xx=True, keepttl=True)))
 
+    def remove(self, *keys: str) -> int:
+        """Delete ``keys`` (one slot on a cluster); how many there were."""
+        return int(_run(self._client.delete, *keys)) if keys else 0
+
     def add_member(self, key: str, member: str, ttl: float, *also: str) -> None:
         """Add ``member`` to the set ``key``; ``key`` and the keys ``also`` expire in ``ttl`` s (one round trip)."""
         pipe = self._client.pipeline(transaction=False)
