@@ -71,8 +71,8 @@ def _tools(tag: str, count: int, properties: int) -> list[dict]:
             for i in range(count)]
 
 
-def _health_while(gw, work) -> tuple[float, float]:
-    """(the slowest /health answer while ``work`` ran, how long ``work`` took)."""
+def _health_while(gw, work) -> tuple[int, float, float]:
+    """(how many /health answers came while ``work`` ran, the slowest of them, how long ``work`` took)."""
     done = threading.Event()
     took = []
 
@@ -84,28 +84,30 @@ def _health_while(gw, work) -> tuple[float, float]:
 
     thread = threading.Thread(target=run)
     thread.start()
-    slowest = 0.0
+    slowest, answered = 0.0, 0
     while not done.is_set():
         started = time.monotonic()
         requests.get(gw.url().removesuffix('/v1') + '/health', timeout=30)
-        slowest = max(slowest, time.monotonic() - started)
+        slowest, answered = max(slowest, time.monotonic() - started), answered + 1
         done.wait(0.05)
     thread.join()
-    return slowest, took[0]
+    return answered, slowest, took[0]
 
 
 def test_health_answers_while_large_tool_schemas_are_checked(gw):
     tools = _tools(uuid.uuid4().hex[:8], 2, 45)       # about 2 x 33 KB, never seen by this process
     assert len(json.dumps(tools)) < MAX_TOOL_SCHEMA_BYTES
     answers = []
-    slowest, took = _health_while(gw, lambda: answers.append(requests.post(
+    answered, slowest, took = _health_while(gw, lambda: answers.append(requests.post(
         f'{gw.url()}/responses', json={'model': 'Chat', 'input': 'hi', 'tools': tools}, headers=HEADERS,
         timeout=120)))
     assert answers[0].status_code == 200, answers[0].text
-    # The check holds the request for seconds (on the hub it held /health as long); /health waits for
-    # no more than a slice of it. The bound leaves room for a loaded two-core machine.
+    # The check holds the request for seconds. On the hub it held /health as long: one answer at most
+    # while it ran. Off the hub /health keeps answering, each time in a slice of it (the bounds are
+    # relative, so a loaded machine, which slows both, does not fail them).
     assert took > 1.0, f'the schemas took only {took:.2f} s to check: too light to tell anything'
-    assert slowest < min(1.0, took / 3), f'/health took {slowest:.2f} s while the request took {took:.2f} s'
+    assert answered >= 5 and slowest < took / 2, f'/health answered {answered} times while the request took ' \
+        f'{took:.2f} s, the slowest in {slowest:.2f} s'
     started = time.monotonic()
     again = requests.post(f'{gw.url()}/responses', json={'model': 'Chat', 'input': 'hi', 'tools': tools},
                           headers=HEADERS, timeout=120)
@@ -135,12 +137,13 @@ def test_more_tools_than_the_limit_are_refused(gw):
 def test_three_hundred_thousand_tiny_items_are_refused_fast(gw, route, field):
     body = json.dumps({'model': 'Chat', field: [{'role': 'user', 'content': 'a'}] * 300_000})
     before, answers = len(gw.fake.requests), []
-    _, took = _health_while(gw, lambda: answers.append(requests.post(
+    _, _, took = _health_while(gw, lambda: answers.append(requests.post(
         f'{gw.url()}/{route}', data=body, headers=dict(HEADERS, **{'Content-Type': 'application/json'}),
         timeout=60)))
     answer = answers[0]
     assert answer.status_code == 400, answer.text
     error = answer.json()['error']
     assert error['param'] == field and error['code'] == 'too_many_items' and '300000' in error['message']
-    assert took < 3.0 and len(gw.fake.requests) == before
+    # Parsing the body is all the work left (about 0.3 s on a quiet machine; the items cost 10 s before).
+    assert took < 8.0 and len(gw.fake.requests) == before
 

@@ -5,8 +5,12 @@ refused with a capability error naming the field, unless the request opts
 into that named loss (``fallback_policy``). Modules, one concern each:
 
     keys.py              gateway keys and tenants (config models, bearer-token lookup)
+    shapes.py            the types, ranges and budgets of a request's fields, checked first
     capabilities.py      per provider kind: which request fields are native, emulated, unsupported
+    values.py            how a field's value becomes provider params, and which values are no-ops
     policy.py            a request's fields resolved against it: params, accepted losses, or a 400
+    effective.py         the settings a Response echoes: the values that were sent upstream
+    offload.py           CPU-heavy checks (tool schemas) off the gevent hub
     docs.py              docs/gateway.md's compatibility tables, generated from the matrix
     dispatch.py          sending a Responses call and recording it, plain or streamed
     items.py             canonical conversation items and how they become a provider request

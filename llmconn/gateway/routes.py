@@ -9,7 +9,8 @@
     GET    /v1/models[/{id}]      the connections the key may use
 
 Every request needs a gateway key (``Authorization: Bearer``); an unknown
-one is 401. A model or response the key may not see is 404, worded as when
+one is 401. A body's field types, ranges and sizes are checked
+(:mod:`.shapes`) before a route reads it. A model or response the key may not see is 404, worded as when
 it does not exist. Errors are ``{"error": {"message", "type", "param",
 "code"}}`` so the ``openai`` SDK raises its own exception classes; their
 messages are llmconn's own (no secrets, no tracebacks).
