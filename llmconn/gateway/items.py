@@ -1,7 +1,8 @@
 """Canonical conversation items, and how a list of them becomes a provider request.
 
-The gateway keeps a conversation as a list of plain dicts, whatever the
-route or backend::
+The gateway keeps a conversation as a list of plain dicts (typed as the
+:class:`MessageItem`, :class:`CallInput`, :class:`OutputInput` and
+:class:`ReasoningInput` TypedDicts), whatever the route or backend::
 
     {"type": "message", "role": "user" | "assistant" | "system" | "developer", "text": str,
      "opaque": {"tag": "claude/<model>/<mode>", "items": [...]}}    # assistant only, optional
@@ -41,7 +42,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from llmconn.errors import GatewayError
 from llmconn.gateway import summary_item
@@ -58,6 +59,43 @@ OUTPUT_TYPES = ('function_call_output', 'custom_tool_call_output')
 CUSTOM_TYPES = ('custom_tool_call', 'custom_tool_call_output')
 
 
+class Opaque(TypedDict):
+    """An assistant answer's own items: canonical :mod:`llmconn.items`, natives replayed only to ``tag``."""
+
+    tag: str
+    items: list
+
+
+class _Said(TypedDict, total=False):
+    opaque: Opaque          # assistant messages the gateway made (ledger, registry, sealed reasoning)
+    message: str            # the Chat message an item came from (its calls are one answer)
+
+
+class MessageItem(_Said):
+    type: str               # 'message'
+    role: str
+    text: str
+
+
+class CallInput(_Said):
+    type: str               # 'function_call' | 'custom_tool_call'
+    call_id: str
+    name: str
+    arguments: dict
+
+
+class OutputInput(TypedDict):
+    type: str               # 'function_call_output' | 'custom_tool_call_output'
+    call_id: str
+    output: str
+
+
+class ReasoningInput(TypedDict):
+    type: str               # 'reasoning'
+    encrypted_content: str | None
+    where: str              # the input item it was, for the 400 that names it
+
+
 @dataclass(frozen=True)
 class Conversation:
     """What a provider is sent: the system prompt, the earlier turns, the new user text."""
@@ -69,8 +107,8 @@ class Conversation:
     tag: str = ''           # whose natives ``items`` hold
 
 
-def message(role: str, text: str, opaque: dict | None = None) -> dict:
-    item = {'type': 'message', 'role': role, 'text': text}
+def message(role: str, text: str, opaque: Opaque | None = None) -> MessageItem:
+    item: MessageItem = {'type': 'message', 'role': role, 'text': text}
     if opaque:
         item['opaque'] = opaque
     return item
@@ -137,7 +175,7 @@ def _call_id(call_id: Any, where: str) -> str:
     return check_text(call_id, f'{where}.call_id')
 
 
-def function_call(call_id: Any, name: Any, arguments: Any, where: str) -> dict:
+def function_call(call_id: Any, name: Any, arguments: Any, where: str) -> CallInput:
     """A call the client sends back (its arguments a JSON object, as text)."""
     call_id = _call_id(call_id, where)
     if not isinstance(name, str) or not name:
@@ -151,7 +189,7 @@ def function_call(call_id: Any, name: Any, arguments: Any, where: str) -> dict:
     return {'type': 'function_call', 'call_id': call_id, 'name': name, 'arguments': parsed}
 
 
-def custom_call(call_id: Any, name: Any, text: Any, where: str) -> dict:
+def custom_call(call_id: Any, name: Any, text: Any, where: str) -> CallInput:
     """A custom tool's call the client sends back (its ``input`` free-form text)."""
     call_id = _call_id(call_id, where)
     if not isinstance(name, str) or not name:
@@ -160,13 +198,13 @@ def custom_call(call_id: Any, name: Any, text: Any, where: str) -> dict:
             'arguments': {'input': check_text(text, f'{where}.input')}}
 
 
-def reasoning(encrypted: Any, where: str) -> dict:
+def reasoning(encrypted: Any, where: str) -> ReasoningInput:
     if encrypted is not None and not isinstance(encrypted, str):
         raise GatewayError(f'{where}.encrypted_content must be a string', param=f'{where}.encrypted_content')
     return {'type': 'reasoning', 'encrypted_content': encrypted, 'where': where}
 
 
-def function_output(call_id: Any, output: Any, where: str) -> dict:
+def function_output(call_id: Any, output: Any, where: str) -> OutputInput:
     call_id = _call_id(call_id, where)
     if isinstance(output, list):
         output = _content_text(output, f'{where}.output')
