@@ -9,8 +9,11 @@ connection counts its calls in flight (:class:`InFlight`); a retired one
 closes when its count drops to zero, and a replaced store closes when the
 last connection using it has closed (:class:`CloseAfter`).
 
-A stream counts from the moment ``stream()`` returns until it is exhausted,
-fails, is closed, or is garbage collected unfinished (:class:`Counted`).
+Every call counts from the moment ``Connection.run`` returns its events
+(``stream()`` and the gateway's routes hand them out) until they are
+exhausted, fail, are closed, or are garbage collected unfinished
+(:class:`Counted`): a gateway stream a client is still reading keeps its
+connection open across a reload.
 """
 
 from __future__ import annotations

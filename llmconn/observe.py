@@ -6,7 +6,8 @@ worth counting happens::
     transport.py   provider_call()   each HTTP attempt: status, seconds, retry or not
     store          lock_waited()     how long a chat call waited for its chat's lock
                    store_error()     a redis exception translated into StoreError
-    connection.py  call()            wraps a call's events: tokens, errors, ChatBusy
+    connection.py  call()            wraps the events of every Connection.run call (invoke, chat,
+                                     stream, the gateway's routes): tokens, errors, ChatBusy
     wsgi.py        start_request() / finish_request()   one served HTTP request
 
 Nobody listens unless an :class:`Observer` is installed (``llmconn serve``
@@ -17,8 +18,9 @@ hands the events back untouched, and nothing here imports
 
 A request being served is a :class:`RequestTally` in a context variable
 (each gevent greenlet has its own context), so a connection call made by a
-service adds its tokens and connection name to the request that made it,
-and log lines written meanwhile carry the request's cid.
+service or by the gateway adds its tokens and connection name to the
+request that made it, and log lines written meanwhile carry the request's
+cid.
 """
 
 from __future__ import annotations
