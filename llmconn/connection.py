@@ -51,7 +51,7 @@ from llmconn.skills import SkillCache
 from llmconn.text import clean, clean_value
 from llmconn.transport import Transport
 from llmconn.tool_loop import TurnLoop, check_outputs, check_pending, public_call
-from llmconn.types import CallSpec, Event, Reply, Request, Turn
+from llmconn.types import CallSpec, Event, Reply, Request, Turn, drain
 from llmconn.usage import NO_LEDGER
 
 PING_TEXT = 'ping'              # what ping() asks a server that has no model list
@@ -408,8 +408,4 @@ class Connection:
 
     @staticmethod
     def _drain(events: Iterator[Event]) -> dict:
-        result = None
-        for event in events:
-            if event.type == 'done':
-                result = event.result
-        return result
+        return drain(events).result

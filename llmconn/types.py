@@ -14,7 +14,7 @@ entry, :meth:`llmconn.connection.Connection.run`, describes its call as a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from llmconn import items as mod_items
 
@@ -209,3 +209,12 @@ class Event:
         if self.call is not None:
             return f'Event(type={self.type}, call={self.call.get("name")!r})'
         return f'Event(type={self.type}, text={self.text!r})'
+
+
+def drain(events: Iterable[Event]) -> Event | None:
+    """The ``done`` event of a call's events, once they are all read (a call counts until its events end)."""
+    done = None
+    for event in events:
+        if event.type == 'done':
+            done = event
+    return done

@@ -17,7 +17,6 @@ import io
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import openai
@@ -27,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import RedisServer, free_port
 from gateway_stack import quiet_usage, settled_usage
+from waiting import wait_until
 from llmconn.demo import start_server, stop
 from llmconn.testing.fake_server import FakeProviderServer
 
@@ -95,16 +95,6 @@ def _metric(samples: dict, name: str, **labels) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
-def _wait(condition, what: str):
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f'timed out waiting for {what}')
-
-
 def _usage_rows(config: Path) -> list[dict]:
     out = subprocess.run([sys.executable, '-m', 'llmconn', 'usage', '--config', str(config), '--json'],
                          capture_output=True, text=True, timeout=60)
@@ -135,10 +125,10 @@ def test_a_gateway_call_is_counted_everywhere_a_library_call_of_the_same_size_is
         assert _metric(after, name, connection='Support') - _metric(before, name, connection='Support') == 5 * n
 
     # The access log: each gateway request with its connection and its tokens, as the service's line.
-    ask = _wait(lambda: stack.access_lines('/demo.llm.ask'), 'the service call\'s access line')[-1]
+    ask = wait_until(lambda: stack.access_lines('/demo.llm.ask'), 'the service call\'s access line', WAIT)[-1]
     assert ask['connection'] == 'Support' and ask['tokens'] == {'input': same[0], 'output': same[1]}
     for path in ('/v1/chat/completions', '/v1/responses'):
-        lines = _wait(lambda: len(stack.access_lines(path)) >= 2 and stack.access_lines(path), path)
+        lines = wait_until(lambda: len(stack.access_lines(path)) >= 2 and stack.access_lines(path), path, WAIT)
         for line in lines[-2:]:         # plain and streamed
             assert line['connection'] == 'Support', line
             assert line['tokens'] == ask['tokens'], line
@@ -148,7 +138,7 @@ def test_a_gateway_call_is_counted_everywhere_a_library_call_of_the_same_size_is
         found = {r['key']: r for r in _usage_rows(stack.config) if r['connection'] == 'Support'}
         return found if found.get('key-o', {}).get('calls', 0) >= 4 and found.get('', {}).get('calls') else None
 
-    found = _wait(rows, 'the usage ledger to hold the calls')
+    found = wait_until(rows, 'the usage ledger to hold the calls', WAIT, interval=0.2)
     assert (found['']['calls'], found['']['input_tokens'], found['']['output_tokens']) == (1, *same)
     assert (found['key-o']['calls'], found['key-o']['input_tokens'], found['key-o']['output_tokens']) == \
         (4, 4 * same[0], 4 * same[1])

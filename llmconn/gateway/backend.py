@@ -28,7 +28,7 @@ from llmconn import items as mod_items
 from llmconn.errors import GatewayError
 from llmconn.gateway.items import Conversation
 from llmconn.providers.base import SYSTEM
-from llmconn.types import CallSpec, Event
+from llmconn.types import CallSpec, Event, drain
 
 
 def kind(conn: Any) -> str:
@@ -79,11 +79,7 @@ def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
 
 def answer(events: Iterator[Event]) -> Any:
     """The backend's whole answer (the ``done`` event's reply), the events drained to their end."""
-    reply = None
-    for event in events:
-        if event.type == 'done':
-            reply = event.reply
-    return reply
+    return drain(events).reply
 
 
 def finish(conn: Any, raw: Any) -> tuple[str, str]:
