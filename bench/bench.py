@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 from redis_topology import Cluster, SentinelGroup, Servers, free_ports  # noqa: E402
 from common import interleaved, per_call  # noqa: E402
+import store_cost  # noqa: E402
 from zato_baseline import ZatoStyleChat  # noqa: E402
 
 from llmconn import Registry  # noqa: E402
@@ -170,6 +171,8 @@ def run(urls: dict, scale: float) -> list:
         zato = ZatoStyleChat(conns[20], client)
         try:
             rows += bench_overhead(conns, zato, client.ping, scale)
+            # The same store cost, today against the first version, each in its own process.
+            rows += store_cost.compare(urls['one node'], provider.url, scale)
             rows += bench_runner(conns[20], scale)
             for kind in ('cluster', 'sentinel', 'cluster without replicas'):
                 rows += bench_deployment(kind, registries[kind][names[1]], conns[1], scale)

@@ -23,13 +23,18 @@ the hot path's connections are never tied up by waiters.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Protocol
 
+from gevent.monkey import get_original
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmconn.store.lock import BLOCK_CAP
+
+# The real select: a look at an idle socket must not yield to other greenlets.
+_select = get_original('select', 'select')
 
 # A blocked waiter's socket outlasts its longest BLPOP by this much.
 BLOCKING_SOCKET_MARGIN = 5.0
@@ -87,16 +92,33 @@ class PooledRunner(RedisRunner):
 
     ``execute_command`` costs about 40 µs of CPU per command beyond the round
     trip (retry closures, observability hooks, reply callbacks): as much as
-    the round trip itself. Here a script is sent on a connection checked out
-    of the client's own pool, so redis-py's connection handling stays whole -
-    the pool's fork check, its "connection has unread data" check on
-    checkout, the connection's health check, its packer, AUTH, TLS, and for
-    Sentinel the master lookup and the READONLY-after-failover reconnect.
-    What it drops is redis-py's retry wrapper, replaced by the same policy:
-    a connection error is retried once on a fresh connection (every store
-    script is safe to send twice). ``make bench`` measures it side by side
-    with :class:`RedisRunner`.
+    the round trip itself. Here a script is sent on a redis-py connection of
+    the client's own pool, so redis-py's connection handling stays whole -
+    the connection's health check, its packer, AUTH, TLS, and for Sentinel
+    the master lookup and the READONLY-after-failover reconnect. What it
+    drops is redis-py's retry wrapper, replaced by the same policy: a
+    connection error is retried once on a fresh connection (every store
+    script is safe to send twice).
+
+    The runner also keeps the connections it checked out (a free list, as
+    many as calls ran at once) instead of handing each back to the pool
+    after every script: the pool's checkout and release, with their lock,
+    events and connection-count metrics, cost a chat call more than its
+    scripts' own packing. What that checkout checked is kept here: a
+    connection goes back on the list only in step (its whole reply read);
+    a broken one is handed back to the pool, and so is one the server closed
+    while it sat on the list (a zero-timeout select, about 1 µs, where
+    redis-py's ``can_read`` costs 5): whatever is not the fast path is the
+    pool's own checkout (for Sentinel, its master lookup). A forked child
+    starts with an empty list (the pool starts over there too). ``make
+    bench`` measures the runner side by side with :class:`RedisRunner`.
     """
+
+    def __init__(self, make: Callable[[float | None], Any], sources: dict[str, str],
+                 socket_timeout: float) -> None:
+        super().__init__(make, sources, socket_timeout)
+        self._free: list = []           # connections held out of the pool, in step, ready to send
+        self._pid = os.getpid()
 
     def script(self, name: str, keys: tuple, args: tuple) -> Any:
         script = self._scripts[name]
@@ -118,28 +140,57 @@ class PooledRunner(RedisRunner):
 
     def _send(self, sha: str, keys: tuple, args: tuple, wait: tuple = ()) -> Any:
         """EVALSHA (then ``WAIT *wait`` in the same send): its reply, or (reply, acks)."""
-        pool = self.client.connection_pool
         evalsha = ('EVALSHA', sha, len(keys), *keys, *args)
         for attempt in (1, 2):
-            conn = pool.get_connection()
+            conn = self._checkout()
             try:
                 if not wait:
                     conn.send_packed_command(packed(conn, evalsha))
-                    return conn.read_response()
-                conn.send_packed_command(packed(conn, evalsha, ('WAIT', *wait)))
-                return _two_replies(conn)
+                    result = conn.read_response()
+                else:
+                    conn.send_packed_command(packed(conn, evalsha, ('WAIT', *wait)))
+                    result = _two_replies(conn)
             except (RedisConnectionError, RedisTimeoutError):
-                conn.disconnect()
+                self._discard(conn)
                 if attempt == 2:
                     raise
+                continue
             except ResponseError:
-                raise               # a clean error reply: the connection is in step
-            except BaseException:
-                conn.disconnect()   # a greenlet killed mid-read: never reuse half a reply
+                self._free.append(conn)     # a clean error reply: the connection is in step
                 raise
-            finally:
-                pool.release(conn)
+            except BaseException:
+                self._discard(conn)         # a greenlet killed mid-read: never reuse half a reply
+                raise
+            self._free.append(conn)
+            return result
         raise AssertionError('unreachable')
+
+    def _checkout(self) -> Any:
+        if self._pid != os.getpid():        # a forked child: its parent's sockets are not its own
+            self._free, self._pid = [], os.getpid()
+        while self._free:
+            conn = self._free.pop()
+            sock = conn._sock
+            try:
+                # Readable while idle: the server closed it (a restart, a Sentinel failover's role
+                # change) or sent what nobody asked for.
+                stale = sock is None or bool(_select([sock], [], [], 0)[0])
+            except (OSError, ValueError):
+                stale = True
+            if not stale:
+                return conn
+            self._discard(conn)
+        return self.client.connection_pool.get_connection()
+
+    def _discard(self, conn: Any) -> None:
+        """Hand a broken connection back to the pool, which reconnects it (for Sentinel: to the master
+        it finds now) when it lends it again."""
+        conn.disconnect()
+        self.client.connection_pool.release(conn)
+
+    def close(self) -> None:
+        self._free = []
+        super().close()             # the pool disconnects the ones it lent too
 
 
 def packed(conn: Any, *commands: tuple) -> list[bytes]:
