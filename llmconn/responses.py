@@ -26,6 +26,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from llmconn.errors import (ChatBusy, InvalidInput, LLMConnError, LLMError, LockLost, ServiceError, StoreError,
                             UnknownService)
+from llmconn.text import clean
 
 logger = logging.getLogger('llmconn.server')
 
@@ -146,9 +147,9 @@ def encode_response(response: Any) -> tuple:
     """A service's response: dict/list → JSON, str → text/plain, bytes as they are, None → empty."""
     payload = response.payload
     if isinstance(payload, (dict, list)):
-        body, content_type = json.dumps(payload, ensure_ascii=False).encode(), JSON_TYPE
+        body, content_type = utf8(json.dumps(payload, ensure_ascii=False)), JSON_TYPE
     elif isinstance(payload, str):
-        body, content_type = payload.encode(), 'text/plain; charset=utf-8'
+        body, content_type = utf8(payload), 'text/plain; charset=utf-8'
     elif isinstance(payload, bytes):
         body, content_type = payload, 'application/octet-stream'
     elif payload is None:
@@ -208,11 +209,19 @@ def encode_event(event: Any) -> bytes:
 
 
 def sse(event: str, data: Any) -> bytes:
-    return f'event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n'.encode()
+    return utf8(f'event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n')
+
+
+def utf8(text: str) -> bytes:
+    """``text`` as UTF-8; a lone surrogate (a tool's or an old turn's bad text) goes as U+FFFD, not a 500."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return clean(text).encode()
 
 
 def json_response(status: int, data: Any) -> tuple:
-    body = json.dumps(data, ensure_ascii=False).encode()
+    body = utf8(json.dumps(data, ensure_ascii=False))
     return status, [('Content-Type', JSON_TYPE), ('Content-Length', str(len(body)))], [body]
 
 

@@ -196,3 +196,14 @@ def test_validating_arguments_never_retrieves_a_remote_schema(schema_host):
     tool = Tool('lookup', '', {'type': 'object', 'properties': {'q': {'$ref': url}}}, function=lambda q: 'ran')
     output, is_error = run(tool, 'lookup', {'q': 'x'})
     assert is_error and 'ran' not in output and schema_host.fetched == 0
+
+
+def test_a_service_payload_with_a_lone_surrogate_is_sent_as_valid_utf8_not_a_500():
+    from types import SimpleNamespace
+
+    from llmconn.responses import encode_response, sse
+    for payload in ({'history': [{'content': LONE}]}, LONE):
+        status, _, body = encode_response(SimpleNamespace(payload=payload, status_code=200, content_type='',
+                                                          headers={}))
+        assert status == 200 and 'half \ufffd here' in body[0].decode('utf-8')
+    assert sse('text', {'text': LONE}).decode('utf-8').endswith('"half \ufffd here"}\n\n')
