@@ -131,9 +131,31 @@ class Attachment:
         _check_type(f'attachment URL {_short(url)}', media_type)
         return cls(media_type, url=url, name=name)
 
+    @classmethod
+    def stored(cls, meta: dict, base64_data: str = '') -> 'Attachment':
+        """An attachment as a chat stored it (:meth:`meta`); its bytes, in base64, when the store gave them."""
+        if meta.get('url'):
+            return cls(meta['media_type'], url=meta['url'], name=meta.get('name', ''))
+        attachment = cls(meta['media_type'], name=meta.get('name', ''), sha256=meta.get('sha256', ''))
+        object.__setattr__(attachment, '_size', meta.get('size', 0))
+        if base64_data:
+            attachment.__dict__['base64'] = base64_data       # what the providers send: never decoded here
+        return attachment
+
+    def meta(self) -> dict:
+        """What a chat stores of it beside its turn (the bytes go once per chat, by ``sha256``)."""
+        if self.url:
+            return {'media_type': self.media_type, 'name': self.name, 'url': self.url}
+        return {'media_type': self.media_type, 'name': self.name, 'size': self.size, 'sha256': self.sha256}
+
+    @property
+    def present(self) -> bool:
+        """True when it can be sent: a URL, or bytes (a stored one's may have expired apart from its turn)."""
+        return bool(self.url or self.data or 'base64' in self.__dict__)
+
     @property
     def size(self) -> int:
-        return len(self.data)
+        return len(self.data) or self.__dict__.get('_size', 0)
 
     @functools.cached_property
     def base64(self) -> str:
@@ -147,7 +169,7 @@ class Attachment:
     @property
     def text(self) -> str:
         """A text/plain attachment's text."""
-        return self.data.decode('utf-8')
+        return (self.data or base64.b64decode(self.base64)).decode('utf-8')
 
     @property
     def source(self) -> str:

@@ -172,7 +172,10 @@ class Connection:
             turns = self.store.history(self.name, chat_id)
         for turn in turns:
             # clean(): a turn stored before text was cleaned may hold a lone surrogate.
-            messages.append({'role': 'user', 'content': clean(turn.user)})
+            asked = {'role': 'user', 'content': clean(turn.user)}
+            if turn.attachments:
+                asked['attachments'] = [dict(a.meta()) for a in turn.attachments]
+            messages.append(asked)
             said = {'role': 'assistant', 'content': clean(turn.assistant)}
             calls = mod_items.tool_calls(turn.steps()) if turn.items else []
             if calls:
@@ -239,6 +242,7 @@ class Connection:
             if compacted.usage is not None:
                 result['usage']['compaction'] = compacted.usage
             lock.save(Turn(user=pending.user if pending else spec.text, assistant=loop.text,
+                           attachments=pending.attachments if pending else call.attachments,
                            items=loop.stored_items(), tag=self.provider.tag if loop.stored_items() else '',
                            state=loop.state, ts=mod_time.time(), meta=loop.last.meta,
                            summary=compacted.summary if compacted.made else {}),

@@ -37,6 +37,9 @@ class Turn:
     # The conversation before the window, summarized when this turn was made (llmconn.compaction):
     # {"text": str, "through": the ts of the last turn it covers}; empty on most turns.
     summary: Mapping = field(default_factory=dict)
+    # What the user attached (llmconn.attachments.Attachment); stored as their meta, the bytes once
+    # per chat by hash (llmconn.store.lock), and given back with the window.
+    attachments: tuple = ()
 
     def steps(self) -> list[dict]:
         """The canonical items, ending with the final text unless calls are pending."""
@@ -58,6 +61,8 @@ class Turn:
             d['m'] = dict(self.meta)
         if self.summary:
             d['s'] = dict(self.summary)
+        if self.attachments:
+            d['f'] = [a.meta() for a in self.attachments]
         return d
 
     @classmethod
@@ -65,8 +70,13 @@ class Turn:
         state = d.get('p') or {}
         if d.get('r'):      # stored before provider state had its own key (Responses chains)
             state = {'response_id': d['r'], 'chain': d.get('c', 0)}
+        attached = ()
+        if d.get('f'):
+            from llmconn.attachments import Attachment      # only turns with attachments need it
+            attached = tuple(Attachment.stored(meta) for meta in d['f'])
         return cls(user=d['u'], assistant=d['a'], items=tuple(d.get('i', ())), tag=d.get('t', ''),
-                   state=state, ts=d.get('ts', 0.0), meta=d.get('m') or {}, summary=d.get('s') or {})
+                   state=state, ts=d.get('ts', 0.0), meta=d.get('m') or {}, summary=d.get('s') or {},
+                   attachments=attached)
 
 
 @dataclass(frozen=True)

@@ -295,6 +295,12 @@ def _has_surrogate(reply: Reply) -> bool:
         return True         # cannot tell cheaply: walk it
 
 
+def attached(turn: Turn) -> tuple:
+    """A stored turn's attachments that can go back: a URL, or bytes the window brought (one whose
+    bytes were lost apart from the turn is left out rather than sent empty)."""
+    return tuple(a for a in turn.attachments if a.present) if turn.attachments else ()
+
+
 def said(turn: Turn) -> str:
     """The assistant's text of a turn as it is replayed: never empty (see :data:`EMPTY_REPLY`)."""
     return turn.assistant if turn.assistant.strip() else EMPTY_REPLY

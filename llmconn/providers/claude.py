@@ -28,7 +28,7 @@ from llmconn import attachments as mod_attachments
 from llmconn import items as mod_items
 from llmconn.errors import InvalidInput
 from llmconn.providers.base import REASONING_REPLAY, SSE, STREAM, STRUCTURED, SYSTEM, THINKING, TOOLS, Provider
-from llmconn.providers.base import is_done_marker, json_event, nonempty, plain_reply
+from llmconn.providers.base import attached, is_done_marker, json_event, nonempty, plain_reply
 from llmconn.providers.base import tokens
 from llmconn.providers.caching import place_breakpoints, system_blocks
 from llmconn.types import Event, Reply, Request
@@ -106,7 +106,7 @@ class ClaudeProvider(Provider):
     def build_request(self, request: Request) -> dict[str, Any]:
         messages: list[dict[str, Any]] = []
         for turn in request.history:
-            messages += _turn_messages(turn.user, self.steps(turn))
+            messages += _turn_messages(user_content(turn.user, attached(turn)), self.steps(turn))
         history_messages = len(messages)
         messages += _turn_messages(user_content(request.text, request.attachments), self.current(request))
 

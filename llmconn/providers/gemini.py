@@ -35,7 +35,7 @@ from urllib.parse import quote
 from llmconn import attachments as mod_attachments
 from llmconn import items as mod_items
 from llmconn.providers.base import SSE, STREAM, STRUCTURED, SYSTEM, TOOLS, Provider
-from llmconn.providers.base import is_done_marker, json_event, nonempty, plain_reply
+from llmconn.providers.base import attached, is_done_marker, json_event, nonempty, plain_reply
 from llmconn.providers.base import tokens
 from llmconn.types import Event, Reply, Request
 
@@ -86,7 +86,7 @@ class GeminiProvider(Provider):
     def build_request(self, request: Request) -> dict[str, Any]:
         contents = []
         for turn in request.history:
-            contents += _turn_contents(turn.user, self.steps(turn))
+            contents += _turn_contents(turn.user, self.steps(turn), attached(turn))
         contents += _turn_contents(request.text, self.current(request), request.attachments)
 
         body: dict[str, Any] = {'contents': contents}

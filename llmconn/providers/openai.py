@@ -33,7 +33,7 @@ from typing import Any, Iterable, Iterator
 from llmconn import attachments as mod_attachments
 from llmconn import items as mod_items
 from llmconn.providers.base import SSE, STREAM, STRUCTURED, SYSTEM, TOOLS, Provider, is_done_marker
-from llmconn.providers.base import arguments_json, json_event, nonempty, parse_arguments, plain_reply
+from llmconn.providers.base import arguments_json, attached, json_event, nonempty, parse_arguments, plain_reply
 from llmconn.providers.base import tokens
 from llmconn.types import Event, Reply, Request
 
@@ -78,7 +78,7 @@ class OpenAIProvider(Provider):
         if request.system:
             messages.append({'role': 'system', 'content': request.system})
         for turn in request.history:
-            messages += _turn_messages(turn.user, self.steps(turn))
+            messages += _turn_messages(user_content(turn.user, attached(turn)), self.steps(turn))
         messages += _turn_messages(user_content(request.text, request.attachments), self.current(request))
 
         params = self.body_params(request)

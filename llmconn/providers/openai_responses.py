@@ -48,7 +48,7 @@ from llmconn.errors import LLMError
 from llmconn.providers.base import CUSTOM_TOOLS, REASONING_REPLAY, SSE, STATEFUL, STREAM, STRUCTURED, SYSTEM, TOOLS
 from llmconn.providers.base import Chain, Provider
 from llmconn.providers.base import arguments_json, forgot_previous, is_done_marker, json_event, nonempty, plain_reply
-from llmconn.providers.base import parse_arguments
+from llmconn.providers.base import attached, parse_arguments
 from llmconn.providers.base import tokens
 from llmconn.providers.openai import bearer_headers, error_text
 from llmconn.types import Event, Reply, Request, Turn
@@ -115,7 +115,7 @@ class OpenAIResponsesProvider(Provider):
             items += _round_items(request.items, custom)        # the chain holds the rest of the turn
         else:
             for turn in request.history:
-                items += _turn_items(turn.user, self.steps(turn), custom)
+                items += _turn_items(user_content(turn.user, attached(turn)), self.steps(turn), custom)
             items += _turn_items(user_content(request.text, request.attachments), self.current(request), custom)
 
         body: dict[str, Any] = {'model': self.conf.model}

@@ -19,6 +19,7 @@ import threading
 import time as mod_time
 import weakref
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
@@ -26,6 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmconn import observe
+from llmconn.attachments import Attachment
 from llmconn.errors import ChatBusy, StoreAuthError, StoreError
 from llmconn.redact import scrub
 from llmconn.store import lock as mod_lock
@@ -111,13 +113,18 @@ class ChatStore:
         started = self._clock()
         try:
             spec = mod_lock.window_spec(window, window_step)
-            window_bytes, place = mod_lock.acquire(self, keys, token, window=spec, ttl_ms=ttl_ms,
-                                                   lock_wait=lock_wait, clock=self._clock, busy=busy)
+            window_bytes, place, files = mod_lock.acquire(self, keys, token, window=spec, ttl_ms=ttl_ms,
+                                                          lock_wait=lock_wait, clock=self._clock, busy=busy)
         except ChatBusy:
             observe.lock_waited(conn_name, self._clock() - started)      # the wait of a call that gave up
             raise
         observe.lock_waited(conn_name, self._clock() - started if place else 0.0)     # place 0: it was free
-        lock = ChatLock(self, keys, token, ttl_ms, self._turns.decode(window_bytes), place)
+        window_bytes, handed = mod_lock.split_files(window_bytes)
+        files = {**files, **handed}
+        turns = self._turns.decode(window_bytes)
+        if files:
+            turns = with_files(turns, files)
+        lock = ChatLock(self, keys, token, ttl_ms, turns, place, frozenset(files))
         self.hold(lock)
         return lock
 
@@ -209,7 +216,8 @@ class ChatStore:
     def delete(self, conn_name: str, chat_id: str) -> None:
         """Forget the chat's turns. A call holding its lock keeps it and may still save its turn."""
         try:
-            self._runner.client.delete(chat_keys(conn_name, chat_id).turns)
+            keys = chat_keys(conn_name, chat_id)
+            self._runner.client.delete(keys.turns, keys.beside('files'), keys.beside('filerefs'))
         except _REDIS_ERRORS as exc:
             raise self._error(exc) from exc
 
@@ -295,6 +303,17 @@ class ChatStore:
 
     def __repr__(self) -> str:
         return f'<ChatStore {self.url_for_display} held={len(self._held)}>'
+
+
+def with_files(turns: list[Turn], files: dict[str, str]) -> list[Turn]:
+    """The window's turns with their attachments' bytes (base64, as the window brought them)."""
+    out = []
+    for turn in turns:
+        if turn.attachments:
+            turn = replace(turn, attachments=tuple(
+                Attachment.stored(a.meta(), files.get(a.sha256, '')) if a.sha256 else a for a in turn.attachments))
+        out.append(turn)
+    return out
 
 
 class TurnCache:

@@ -95,6 +95,21 @@ SAVED_TOKENS = 64
 # within a turn, and Python splits the window without parsing it.
 TURN_SEPARATOR = b'\n'
 
+# What a window line holding an attachment's bytes starts with ("=<sha256>:<base64>"); a turn's
+# line starts with "{".
+FILE_LINE = b'='
+
+
+def split_files(window: bytes) -> tuple[bytes, dict[str, str]]:
+    """A window from ACQUIRE (or a hand-over): its turns' lines, and the attachments' base64 by sha256."""
+    if b'\n' + FILE_LINE not in window:        # no attachments (the common case), found at C speed
+        return window, {}
+    lines = window.split(TURN_SEPARATOR)
+    turns = [line for line in lines if not line.startswith(FILE_LINE)]
+    files = dict(line[1:].decode('ascii').split(':', 1) for line in lines if line.startswith(FILE_LINE))
+    return TURN_SEPARATOR.join(turns), files
+
+
 # FINISH's answers.
 DONE, ALREADY_SAVED, NOT_OURS = 1, 2, 0
 
@@ -104,19 +119,44 @@ DONE, ALREADY_SAVED, NOT_OURS = 1, 2, 0
 #             or "W/K" (its start moves K turns at a time, see window_spec()),
 #   ARGV[4] - how long we may wait (ms); '0' = do not queue,
 #   ARGV[5] - our queue entry from an earlier attempt, or ''
-# Returns {1, turns} - the window's turns, oldest first, joined by "\n" - when
-# the lock is ours (also when it already held our token: handed to us, or this
-# call re-sent after a lost reply); else {0, pttl of the holder, our place, our entry}.
+# Returns {1, turns, sha256, base64, ...} - the window's turns, oldest first, joined
+# by "\n", then each attachment they name (from the chat's "files" hash, the key beside
+# KEYS[2]) - when the lock is ours (also when it already held our token: handed to us,
+# or this call re-sent after a lost reply); else {0, pttl of the holder, our place, our
+# entry}. A waiter the lock is handed to gets its window as one string, each attachment
+# a line "=<sha256>:<base64>" after the turns.
 ACQUIRE = """
-local function window(spec)
+local function window(spec)             -- the window's turns, and {sha256, base64, ...} of their attachments
     local n, step = string.match(spec, '^(%d+)/?(%d*)$')
     n, step = tonumber(n) or 0, tonumber(step) or 1
     if step > 1 then                    -- past n turns, drop whole steps: n - step + 1 .. n are sent
         local stored = redis.call('LLEN', KEYS[2])
         if stored > n then n = stored - math.ceil((stored - n) / step) * step end
     end
-    if n <= 0 then return '' end      -- LRANGE key -0 -1 would be the whole list
-    return table.concat(redis.call('LRANGE', KEYS[2], -n, -1), '\\n')
+    if n <= 0 then return '', {} end    -- LRANGE key -0 -1 would be the whole list
+    local text, found = table.concat(redis.call('LRANGE', KEYS[2], -n, -1), '\\n'), {}
+    if not string.find(text, '"sha256":"', 1, true) then return text, found end
+    local files, seen = string.gsub(KEYS[2], 'turns$', 'files'), {}
+    for sha in string.gmatch(text, '"sha256":"(%x+)"') do
+        if not seen[sha] then
+            seen[sha] = true
+            local blob = redis.call('HGET', files, sha)
+            if blob then found[#found + 1] = sha; found[#found + 1] = blob end
+        end
+    end
+    return text, found
+end
+local function ours(spec)               -- {1, turns, sha256, base64, ...}: each blob its own reply element
+    local text, found = window(spec)
+    local reply = {1, text}
+    for _, value in ipairs(found) do reply[#reply + 1] = value end
+    return reply
+end
+local function handed(spec)             -- a waiter's window as one string: its attachments as lines
+    local text, found = window(spec)
+    local lines = {text}
+    for i = 1, #found, 2 do lines[#lines + 1] = '=' .. found[i] .. ':' .. found[i + 1] end
+    return table.concat(lines, '\\n')
 end
 local now                               -- the server's clock in ms, read only when a deadline is compared
 local function clock()
@@ -129,7 +169,7 @@ end
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {1, window(ARGV[3])}
+    return ours(ARGV[3])
 end
 if not holder then
     -- Free. With nobody queued it is ours; with a queue its holder died: the head goes first.
@@ -137,17 +177,17 @@ if not holder then
         local entry = redis.call('LPOP', KEYS[3])
         if not entry then
             redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-            return {1, window(ARGV[3])}
+            return ours(ARGV[3])
         end
         local token, ttl, deadline, size = string.match(entry, '^(%x+):(%d+):(%d+):([%d/]+)$')
         if token == ARGV[1] then
             redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-            return {1, window(ARGV[3])}
+            return ours(ARGV[3])
         end
         if token and tonumber(deadline) > clock() then
             redis.call('SET', KEYS[1], token, 'PX', ttl)
             local wake = KEYS[1] .. ':' .. token
-            redis.call('RPUSH', wake, window(size))
+            redis.call('RPUSH', wake, handed(size))
             redis.call('PEXPIRE', wake, ttl)
             break
         end
@@ -183,11 +223,15 @@ return {0, redis.call('PTTL', KEYS[1]), 0, entry}
 #   one string, "<expiry s> <field> <increment> <field> <increment> ...", space-separated
 #   (one argument: packing each pair separately cost more than the save's own arguments);
 #   counted with the saved turn, never for a re-sent save; the hash gets its expiry
-#   ('0' = none) when the first field is new
+#   ('0' = none) when the first field is new ('' with no ledger, when ARGV[8..] follow)
+#   ARGV[8], ARGV[9], ... - pairs of sha256 and base64 bytes: the turn's attachments, kept in
+#   the "files" hash beside KEYS[2] unless there already; "filerefs" beside it counts the
+#   turns naming each (their "sha256":"..." in the JSON), and a hash no turn names any
+#   more (trimmed or replaced) is deleted; both expire with the chat
 # Returns 1 - saved (or released); 2 - this token's turn was saved before (a re-sent
 # save: nothing written again); 0 - the lock was not ours (nothing written).
 FINISH = """
-local function window(spec)             -- as ACQUIRE's: the waiter's window
+local function window(spec)             -- as ACQUIRE's: the waiter's window, with its attachments
     local n, step = string.match(spec, '^(%d+)/?(%d*)$')
     n, step = tonumber(n) or 0, tonumber(step) or 1
     if step > 1 then
@@ -195,7 +239,27 @@ local function window(spec)             -- as ACQUIRE's: the waiter's window
         if stored > n then n = stored - math.ceil((stored - n) / step) * step end
     end
     if n <= 0 then return '' end
-    return table.concat(redis.call('LRANGE', KEYS[2], -n, -1), '\\n')
+    local text = table.concat(redis.call('LRANGE', KEYS[2], -n, -1), '\\n')
+    if not string.find(text, '"sha256":"', 1, true) then return text end
+    local files, lines, seen = string.gsub(KEYS[2], 'turns$', 'files'), {text}, {}
+    for sha in string.gmatch(text, '"sha256":"(%x+)"') do
+        if not seen[sha] then
+            seen[sha] = true
+            local blob = redis.call('HGET', files, sha)
+            if blob then lines[#lines + 1] = '=' .. sha .. ':' .. blob end
+        end
+    end
+    return table.concat(lines, '\\n')
+end
+local files = string.gsub(KEYS[2], 'turns$', 'files')
+local refs = string.gsub(KEYS[2], 'turns$', 'filerefs')
+local function unref(turn)              -- a turn leaves the chat: its attachments lose a reference
+    for sha in string.gmatch(turn, '"sha256":"(%x+)"') do
+        if redis.call('HINCRBY', refs, sha, -1) <= 0 then
+            redis.call('HDEL', refs, sha)
+            redis.call('HDEL', files, sha)
+        end
+    end
 end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     if ARGV[2] ~= '' then
@@ -209,12 +273,26 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
 end
 if ARGV[2] ~= '' then
     local max_turns = tonumber(ARGV[3])
+    for i = 8, #ARGV, 2 do              -- the turn's new attachments, stored once per chat
+        redis.call('HSETNX', files, ARGV[i], ARGV[i + 1])
+    end
+    for sha in string.gmatch(ARGV[2], '"sha256":"(%x+)"') do
+        redis.call('HINCRBY', refs, sha, 1)
+    end
     if ARGV[5] == '1' and redis.call('LLEN', KEYS[2]) > 0 then
+        unref(redis.call('LINDEX', KEYS[2], -1))
         redis.call('LSET', KEYS[2], -1, ARGV[2])
-    elseif redis.call('RPUSH', KEYS[2], ARGV[2]) > max_turns then
-        redis.call('LTRIM', KEYS[2], -max_turns, -1)
+    else
+        local stored = redis.call('RPUSH', KEYS[2], ARGV[2])
+        if stored > max_turns then
+            if redis.call('EXISTS', refs) == 1 then      -- the trimmed turns free their attachments
+                for _, turn in ipairs(redis.call('LRANGE', KEYS[2], 0, stored - max_turns - 1)) do unref(turn) end
+            end
+            redis.call('LTRIM', KEYS[2], -max_turns, -1)
+        end
     end
     redis.call('PEXPIRE', KEYS[2], ARGV[4])
+    if redis.call('PEXPIRE', files, ARGV[4]) == 1 then redis.call('PEXPIRE', refs, ARGV[4]) end
     redis.call('LPUSH', KEYS[4], ARGV[1])
     redis.call('LTRIM', KEYS[4], 0, 63)   -- SAVED_TOKENS - 1
     redis.call('PEXPIRE', KEYS[4], ARGV[4])
@@ -331,13 +409,14 @@ class SavedMarker:
 
 
 def acquire(store: LockBackend, keys: 'ChatKeys', token: str, *, window: int | str, ttl_ms: int, lock_wait: float,
-            clock: Callable[[], float], busy: Callable[[], ChatBusy]) -> tuple[bytes, int]:
-    """Take the chat's lock, waiting in line up to ``lock_wait`` s: (the window, our place or 0)."""
+            clock: Callable[[], float], busy: Callable[[], ChatBusy]) -> tuple[bytes, int, dict[str, str]]:
+    """Take the chat's lock, waiting in line up to ``lock_wait`` s: (the window, our place or 0, the
+    base64 of its attachments by sha256; a window handed over holds them as lines, see :func:`split_files`)."""
     acquire_keys = (keys.lock, keys.turns, keys.queue, keys.seq)
     wait_ms = int(lock_wait * 1000)
     reply = store.script('acquire', acquire_keys, (token, ttl_ms, window, wait_ms, b''))
     if reply[0] == 1:
-        return reply[1], 0
+        return reply[1], 0, _files(reply)
     if wait_ms <= 0:
         raise busy()
     deadline = clock() + lock_wait
@@ -351,10 +430,10 @@ def acquire(store: LockBackend, keys: 'ChatKeys', token: str, *, window: int | s
             timeout = min(remaining, BLOCK_CAP, pttl / 1000.0 if pttl > 0 else MIN_BLOCK if pttl == -2 else BLOCK_CAP)
             woken = store.block(keys.wake(token), max(timeout, MIN_BLOCK))
             if woken:       # handed over: the lock holds our token, the wake-up our window
-                return woken[1], place
+                return woken[1], place, {}
             reply = store.script('acquire', acquire_keys, (token, ttl_ms, window, int(remaining * 1000) or 1, entry))
             if reply[0] == 1:
-                return reply[1], place
+                return reply[1], place, _files(reply)
             pttl, entry = reply[1], reply[3]
     except BaseException as exc:
         # Giving up (ChatBusy), or cancelled (a greenlet killed, a client gone): leave the line, so
@@ -362,6 +441,13 @@ def acquire(store: LockBackend, keys: 'ChatKeys', token: str, *, window: int | s
         if not isinstance(exc, StoreError):
             _leave(store, keys, token, entry)
         raise
+
+
+def _files(reply: list) -> dict[str, str]:
+    """ACQUIRE's attachments after the window: sha256, base64, ..."""
+    if len(reply) <= 2:
+        return {}
+    return {sha.decode('ascii'): blob.decode('ascii') for sha, blob in zip(reply[2::2], reply[3::2])}
 
 
 def _leave(store: LockBackend, keys: 'ChatKeys', token: str, entry: bytes) -> None:
@@ -403,11 +489,12 @@ def _increments(increments: dict, expiry: float) -> str:
 class ChatLock:
     """A held chat: its window in ``turns``, then exactly one ``save`` or ``release``."""
 
-    __slots__ = ('turns', 'lost', 'place', '_store', '_keys', '_token', '_ttl_ms', '_open')
+    __slots__ = ('turns', 'lost', 'place', 'files', '_store', '_keys', '_token', '_ttl_ms', '_open')
 
     def __init__(self, store: LockBackend, keys: 'ChatKeys', token: str, ttl_ms: int,
-                 turns: list[Turn], place: int = 0) -> None:
+                 turns: list[Turn], place: int = 0, files: frozenset = frozenset()) -> None:
         self.turns = turns          # the window, oldest first
+        self.files = files          # the sha256 of every attachment the window came with
         self.lost = False           # set by the renewer when the lock is found taken
         self.place = place          # this call's number in the chat's queue; 0 if it did not wait
         self._store = store
@@ -440,6 +527,11 @@ class ChatLock:
         if counters is not None:
             extra_keys = (counters.key,)
             args += (_increments(counters.counts, counters.expiry),)
+        new = [(a.sha256, a.base64) for a in turn.attachments if a.sha256 and a.sha256 not in self.files
+               and a.present]       # what the chat may not hold yet (the window's it holds)
+        if new:
+            args = args if counters is not None else args + (b'',)
+            args += tuple(value for pair in dict(new).items() for value in pair)
         result = self._store.finish(self._keys, args, durable=True, extra_keys=extra_keys)
         # A StoreError above leaves _open set, so release() still tries to unlock.
         self._open = False
