@@ -105,8 +105,9 @@ def test_health_answers_while_large_tool_schemas_are_checked(gw):
     # The check holds the request for seconds. On the hub it held /health as long: one answer at most
     # while it ran. Off the hub /health keeps answering, each time in a slice of it (the bounds are
     # relative, so a loaded machine, which slows both, does not fail them).
-    assert took > 1.0, f'the schemas took only {took:.2f} s to check: too light to tell anything'
-    assert answered >= 5 and slowest < took / 2, f'/health answered {answered} times while the request took ' \
+    # About 0.6 s on a quiet machine, seconds on a loaded one: long enough to poll /health several times.
+    assert took > 0.25, f'the schemas took only {took:.2f} s to check: too light to tell anything'
+    assert answered >= 3 and slowest < took / 2, f'/health answered {answered} times while the request took ' \
         f'{took:.2f} s, the slowest in {slowest:.2f} s'
     started = time.monotonic()
     again = requests.post(f'{gw.url()}/responses', json={'model': 'Chat', 'input': 'hi', 'tools': tools},
