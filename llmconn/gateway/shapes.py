@@ -157,7 +157,7 @@ def check(route: str, body: Any) -> None:
     try:
         SHAPES[route].model_validate(body)
     except pydantic.ValidationError as e:
-        raise _refusal(_telling(e.errors(include_url=False))) from None
+        raise _refusal(_telling(e.errors(include_url=False)), SHAPES[route]) from None
 
 
 def _telling(errors: list[dict]) -> dict:
@@ -166,7 +166,7 @@ def _telling(errors: list[dict]) -> dict:
                                       e['type'] not in _TYPE_ERRORS))
 
 
-# Pydantic's type errors, said in JSON's words (its own name the model classes).
+# Pydantic's type errors, said in JSON's words (pydantic's own words name its model classes).
 _TYPE_ERRORS = {'dict_type': 'must be an object', 'model_type': 'must be an object',
                 'model_attributes_type': 'must be an object', 'string_type': 'must be a string',
                 'list_type': 'must be a list', 'bool_type': 'must be true or false', 'float_type': 'must be a number',
@@ -177,8 +177,8 @@ _TYPE_ERRORS = {'dict_type': 'must be an object', 'model_type': 'must be an obje
                 'union_tag_not_found': 'needs a "type"'}
 
 
-def _refusal(error: dict) -> GatewayError:
-    where = _path(error['loc'])
+def _refusal(error: dict, shape: type[BaseModel]) -> GatewayError:
+    where = _path(error['loc'], shape)
     got = error.get('input')
     if error['type'] in ('too_long', 'too_short') and isinstance(got, list):
         limit = (error.get('ctx') or {}).get('max_length')
@@ -191,13 +191,13 @@ def _refusal(error: dict) -> GatewayError:
     return GatewayError(f'{where} {problem}{said}', param=where, code='invalid_type')
 
 
-def _path(loc: tuple) -> str:
+def _path(loc: tuple, shape: type[BaseModel]) -> str:
     """A pydantic location as the field path a client wrote (``text.format.type``, ``stop[2]``).
 
     Pydantic puts a union's member names (``str``, ``list[str]``, a tag such as ``json_schema``) in the
     location too; they are not the client's, so only the names of the models' own fields are kept.
     """
-    out, models = '', [ResponsesShape, ChatShape]
+    out, models = '', [shape]
     for part in loc:
         if isinstance(part, int):
             out += f'[{part}]'
