@@ -18,7 +18,7 @@ from pydantic import (BaseModel, ConfigDict, Field, SecretStr, ValidationError, 
 
 from llmconn import attachments as attachment_limits
 from llmconn.errors import ConfigError
-from llmconn.gateway.keys import GatewayConfig
+from llmconn.gateway_config import GatewayConfig
 from llmconn.redact import mask_url
 from llmconn.yamlfile import NoAliasLoader, expand_env, parse_yaml  # noqa: F401 - part of this module's API
 

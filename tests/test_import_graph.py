@@ -134,3 +134,13 @@ def test_the_graph_sees_function_level_and_relative_imports(tmp_path, monkeypatc
     graph = import_graph()
     assert sorted(cycles(graph)) == [['llmconn.a', 'llmconn.b'], ['llmconn.sub.c', 'llmconn.sub.d']]
     assert graph['llmconn.e'] == {}          # TYPE_CHECKING only: never imported at run time
+
+
+def test_the_core_configuration_loads_no_gateway_module():
+    # The gateway: section is validated with the rest of llm.yaml, by llmconn.gateway_config; the
+    # gateway's code (routes, mappings, its store) is loaded only by a server that serves /v1/.
+    import subprocess
+    code = ('import sys, llmconn.config, llmconn.registry; '
+            'print(sorted(m for m in sys.modules if m.startswith("llmconn.gateway.") or m == "llmconn.gateway"))')
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == '[]'

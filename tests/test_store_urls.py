@@ -139,3 +139,17 @@ def test_opening_a_cluster_or_sentinel_store_does_not_connect_and_failing_is_a_s
     assert time.monotonic() - started < 5
     assert 'pw-s3cret' not in str(info.value) and 'u:***@' in str(info.value)
     store.close()
+
+
+def test_modes_are_enums_that_read_and_print_as_their_yaml_words():
+    from llmconn.gateway_config import GatewayKey, Retention
+    from llmconn.store.records import StoreMode
+    from llmconn.store.urls import Deployment
+    assert parse_redis_url('redis+sentinel://h:1/m').kind is Deployment.SENTINEL
+    key = GatewayKey(id='k', secret='a-long-secret', tenant='t', models=('*',), retention='zero')
+    assert key.retention is Retention.ZERO and f'{key.retention}' == 'zero'
+    with pytest.raises(ValueError, match='standard'):
+        GatewayKey(id='k', secret='a-long-secret', tenant='t', models=('*',), retention='forever')
+    import json
+    assert json.loads(json.dumps({'store_mode': StoreMode.GATEWAY})) == {'store_mode': 'gateway'}
+    assert StoreMode('provider') is StoreMode.PROVIDER and str(StoreMode.NONE) == 'none'

@@ -34,9 +34,10 @@ from typing import Any
 
 from llmconn import items as canon
 from llmconn.gateway.items import CALL_TYPES
+from llmconn.gateway_config import Retention
 from llmconn.store.records import RecordStore, tenant_digest
 
-RETENTION = 'standard'      # the only retention under which the registry keeps anything
+RETENTION = Retention.STANDARD   # the only retention under which the registry keeps anything
 
 
 def call_key(tenant: str, call_id: str) -> str:

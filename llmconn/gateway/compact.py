@@ -26,6 +26,7 @@ from llmconn.config import DEFAULT_COMPACTION_INSTRUCTIONS
 from llmconn.errors import GatewayError
 from llmconn.gateway import items as mod_items
 from llmconn.gateway.summary_item import encode
+from llmconn.store.records import StoreMode
 from llmconn.gateway.responses import _previous, usage_object
 from llmconn.types import USAGE_KEYS, CallSpec
 
@@ -38,7 +39,7 @@ def compact(gw: Any, key: Any, body: Any) -> dict:
     if instructions is not None:
         mod_items.check_text(instructions, 'instructions')
     previous = _previous(gw, key, body.get('previous_response_id'), conn)
-    if previous is not None and previous['store_mode'] == 'provider':
+    if previous is not None and previous['store_mode'] == StoreMode.PROVIDER:
         raise GatewayError('previous_response_id names a response its backend keeps, so the gateway does not have '
                            'its conversation to compact; send the conversation as input instead',
                            param='previous_response_id')

@@ -1,14 +1,4 @@
-"""Gateway keys and tenants: the ``gateway:`` section of llm.yaml, and finding a request's key.
-
-    gateway:
-      response_expiry: 2592000          # seconds a stored response (and its state) is kept
-      keys:
-        - id: team-a-prod               # shown in usage records and logs; never the secret
-          secret: ${TEAM_A_KEY}         # the bearer token; ${VAR} as everywhere in llm.yaml
-          tenant: team-a                # responses are visible only within their tenant
-          retention: standard           # or zero: only ids, times, status and counts are kept
-          models: [Support, Coder]      # connection names this key may use; ["*"] for all
-          hosted_tools: []              # provider-run tools (web_search, ...) it may ask for
+"""Gateway keys: finding a request's key among the ``gateway:`` section's (:mod:`llmconn.gateway_config`).
 
 A token is compared with every key's secret, always all of them, by their
 SHA-256 digests with ``hmac.compare_digest``: the time taken says nothing
@@ -19,69 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from llmconn.errors import GatewayError
-
-DEFAULT_RESPONSE_EXPIRY = 30 * 86400   # OpenAI keeps stored responses 30 days
-ALL_MODELS = '*'
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra='forbid', frozen=True, allow_inf_nan=False)
-
-
-class GatewayKey(_Frozen):
-    """One client key: who it belongs to and what it may use."""
-
-    id: str = Field(min_length=1, max_length=128)
-    secret: SecretStr
-    tenant: str = Field(min_length=1, max_length=256)
-    retention: Literal['standard', 'zero'] = 'standard'
-    models: tuple[str, ...] = Field(min_length=1)
-    hosted_tools: tuple[str, ...] = ()
-
-    @field_validator('secret')
-    @classmethod
-    def _secret(cls, value: SecretStr) -> SecretStr:
-        # ${KEY:-} left unset must not become "the empty key", which any client could send.
-        if len(value.get_secret_value()) < 8:
-            raise ValueError('the secret must have at least 8 characters (is its ${VARIABLE} set?)')
-        return value
-
-    def may_use(self, model: str) -> bool:
-        return ALL_MODELS in self.models or model in self.models
-
-
-class GatewayConfig(_Frozen):
-    """The ``gateway:`` section; no keys means the gateway routes answer 404."""
-
-    keys: tuple[GatewayKey, ...] = ()
-    response_expiry: float = Field(DEFAULT_RESPONSE_EXPIRY, gt=0, le=315_360_000)     # ten years at most
-
-    @model_validator(mode='after')
-    def _unique(self) -> 'GatewayConfig':
-        ids = [k.id for k in self.keys]
-        if len(set(ids)) != len(ids):
-            raise ValueError('gateway key ids must be unique')
-        secrets = [k.secret.get_secret_value() for k in self.keys]
-        if len(set(secrets)) != len(secrets):
-            raise ValueError('two gateway keys have the same secret; give each key its own')
-        return self
-
-    def check_models(self, connections: set) -> None:
-        """Refuse (at load) a key naming a connection that does not exist: a typo would hide a model."""
-        for key in self.keys:
-            unknown = sorted(set(key.models) - connections - {ALL_MODELS})
-            if unknown:
-                raise ValueError(f'gateway key {key.id!r}: models {", ".join(unknown)} name no connection; '
-                                 f'known connections are {", ".join(sorted(connections)) or "none"}')
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.keys)
+from llmconn.gateway_config import (ALL_MODELS, DEFAULT_RESPONSE_EXPIRY, GatewayConfig, GatewayKey,  # noqa: F401
+                                    Retention)
 
 
 def bearer_token(authorization: str) -> str:

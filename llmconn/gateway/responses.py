@@ -35,7 +35,8 @@ from llmconn.gateway import tools as mod_tools
 from llmconn.gateway.capabilities import RESPONSES
 from llmconn.gateway.echo import shown, shown_all
 from llmconn.gateway.policy import Policy, check_history, resolve
-from llmconn.store.records import new_response_id
+from llmconn.gateway_config import Retention
+from llmconn.store.records import StoreMode, new_response_id
 from llmconn.gateway.stream import message_item, reasoning_item
 from llmconn.gateway.turns import to_conversation
 
@@ -57,7 +58,7 @@ class Call:
     model: str
     stream: bool
     store: bool
-    mode: str
+    mode: StoreMode                 # who keeps its state (see llmconn.store.records)
     instructions: str | None
     metadata: dict
     params: dict
@@ -95,8 +96,8 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
         mod_items.check_text(instructions, 'instructions')
     new_items, sealer = _new_items(gw, key, body, sealing)
     previous = _previous(gw, key, body.get('previous_response_id'), conn)
-    mode = 'none' if not store else 'provider' if conn.provider.keeps_state else \
-        'none' if key.retention == 'zero' else 'gateway'
+    mode = StoreMode.NONE if not store else StoreMode.PROVIDER if conn.provider.keeps_state else \
+        StoreMode.NONE if key.retention == Retention.ZERO else StoreMode.GATEWAY
     context, conversation = _conversation(previous, new_items, instructions or '', policy, resolution)
     check_history(RESPONSES, backend.kind(conn), conversation)
     custom = mod_tools.custom_names(hosted)
@@ -135,7 +136,7 @@ def _echo(tool: Any) -> dict:
 
 
 def _provider_kept(previous: dict | None) -> bool:
-    return previous is not None and previous['store_mode'] == 'provider'
+    return previous is not None and previous['store_mode'] == StoreMode.PROVIDER
 
 
 def _conversation(previous: dict | None, new_items: list, instructions: str, policy: Policy,
@@ -222,15 +223,15 @@ def _previous(gw: Any, key: Any, previous_id: Any, conn: Any) -> dict | None:
     if record['status'] not in _CONTINUABLE:
         raise GatewayError(f'previous response {previous_id} is {record["status"]}; only a completed response '
                            f'can be continued', param='previous_response_id')
-    mode = record['store_mode']
-    if mode == 'none':
+    mode = StoreMode(record['store_mode'])
+    if mode == StoreMode.NONE:
         raise GatewayError(f'previous response {previous_id} was not stored (store: false or a zero-retention '
                            f'key), so there is nothing to continue from', param='previous_response_id',
                            code='previous_response_not_stored')
-    if mode == 'provider' and record['model'] != conn.name:
+    if mode == StoreMode.PROVIDER and record['model'] != conn.name:
         raise GatewayError(f'previous response {previous_id} is kept by the backend of model {record["model"]!r}; '
                            f'continue it with that model', param='previous_response_id')
-    if mode == 'gateway' and key.retention == 'zero':
+    if mode == StoreMode.GATEWAY and key.retention == Retention.ZERO:
         raise GatewayError('a zero-retention key cannot continue a response the gateway keeps; the replay would '
                            'reuse retained conversation text', param='previous_response_id')
     forget.check(gw, key.tenant, record)
@@ -303,13 +304,13 @@ def record(call: Call, status: str, usage: dict | None, output: list, *, provide
            'previous_response_id': call.previous['id'] if call.previous else None,
            'chain': forget.chain_of(call.previous) if call.previous else call.id,
            'lineage': forget.lineage(call.previous),
-           'provider_response_id': provider_id if call.mode == 'provider' else '',
+           'provider_response_id': provider_id if call.mode == StoreMode.PROVIDER else '',
            'created_at': call.created_at, 'expires_at': call.created_at + ttl,
            'completed_at': None if status == 'in_progress' else int(mod_time.time()),
            'status': status, 'usage': usage or {}, 'downgrades': call.downgrades,
            'counts': {'input_items': len(call.context), 'output_items': len(output),
                       'function_calls': len(calls or ())}}
-    keep_text = call.store and call.key.retention == 'standard'
+    keep_text = call.store and call.key.retention == Retention.STANDARD
     if keep_text:
         rec.update(instructions_hash=instructions_hash(call.instructions), instructions=call.instructions,
                    metadata=call.metadata, output=output, input_items=input_items.render(call.id, call.input),
@@ -325,7 +326,7 @@ def record(call: Call, status: str, usage: dict | None, output: list, *, provide
         # A provider's message may quote the prompt (a 400 naming the bad input): without retention
         # only its code is kept.
         rec['error'] = error if keep_text else {'code': error.get('code') or 'server_error'}
-    if call.mode == 'gateway' and keep_text and status in _CONTINUABLE and answer is not None:
+    if call.mode == StoreMode.GATEWAY and keep_text and status in _CONTINUABLE and answer is not None:
         rec['context'] = call.context + [answer]
     return rec
 

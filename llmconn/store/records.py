@@ -27,6 +27,7 @@ import hashlib
 import json
 import re
 import secrets
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable
 
 import redis
@@ -38,6 +39,25 @@ if TYPE_CHECKING:
     from llmconn.store.history import ChatStore
 
 RESPONSE_ID_PREFIX = 'resp_'
+
+
+class StoreMode(str, Enum):
+    """Who keeps a response's state, as its record says (``store_mode``).
+
+    ``provider``: the backend keeps it (a Responses API with its own state);
+    ``gateway``: the record keeps the canonical items to replay; ``none``:
+    nothing can be continued (``store: false``, or zero retention).
+    """
+
+    PROVIDER = 'provider'
+    GATEWAY = 'gateway'
+    NONE = 'none'
+
+    def __str__(self) -> str:       # the value in logs, f-strings and JSON, as enum.StrEnum (3.11+) would
+        return self.value
+
+    __format__ = str.__format__
+
 _RESPONSE_ID = re.compile(r'^resp_[0-9a-f]{48}$')
 MAX_CONNECTIONS = 100               # the records' connections to Redis, per gateway process
 CONNECTION_WAIT = 5.0               # how long a request waits for one of them before a 503

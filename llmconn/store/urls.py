@@ -18,11 +18,28 @@ Nothing here imports redis or touches the network.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from urllib.parse import parse_qsl, unquote
 
 from llmconn.redact import mask_url
 
-MEMORY, SINGLE, CLUSTER, SENTINEL = 'memory', 'single', 'cluster', 'sentinel'
+
+
+class Deployment(str, Enum):
+    """What ``redis.url`` names: the embedded store, one node, a Cluster, or a Sentinel-managed master."""
+
+    MEMORY = 'memory'
+    SINGLE = 'single'
+    CLUSTER = 'cluster'
+    SENTINEL = 'sentinel'
+
+    def __str__(self) -> str:       # the value in messages, as enum.StrEnum (3.11+) would
+        return self.value
+
+    __format__ = str.__format__
+
+
+MEMORY, SINGLE, CLUSTER, SENTINEL = Deployment.MEMORY, Deployment.SINGLE, Deployment.CLUSTER, Deployment.SENTINEL
 
 # scheme -> (deployment kind, TLS)
 SCHEMES = {
@@ -51,7 +68,7 @@ SENTINEL_OPTIONS = {'sentinel_username': str, 'sentinel_password': str}
 class RedisTarget:
     """Where a chat store lives; ``display`` is the URL with its password masked."""
 
-    kind: str
+    kind: Deployment
     tls: bool = False
     hosts: tuple[tuple[str, int], ...] = ()
     path: str = ''                      # unix socket
@@ -110,7 +127,7 @@ def _credentials(userinfo: str) -> tuple[str | None, str | None]:
     return (unquote(user) or None), (unquote(password) if colon else None)
 
 
-def _hosts(hostlist: str, kind: str, display: str) -> tuple[tuple[str, int], ...]:
+def _hosts(hostlist: str, kind: Deployment, display: str) -> tuple[tuple[str, int], ...]:
     default = DEFAULT_SENTINEL_PORT if kind == SENTINEL else DEFAULT_PORT
     hosts = []
     for item in hostlist.split(','):
@@ -137,7 +154,7 @@ def _db(segments: list[str], display: str) -> int:
     return int(segments[0])
 
 
-def _options(query: str, kind: str, display: str) -> dict:
+def _options(query: str, kind: Deployment, display: str) -> dict:
     allowed = dict(OPTIONS, db=int) if kind != CLUSTER else dict(OPTIONS)
     if kind == SENTINEL:
         allowed.update(SENTINEL_OPTIONS)

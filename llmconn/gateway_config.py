@@ -1,0 +1,93 @@
+"""The ``gateway:`` section of llm.yaml, validated at load with the rest of the configuration.
+
+    gateway:
+      response_expiry: 2592000          # seconds a stored response (and its state) is kept
+      keys:
+        - id: team-a-prod               # shown in usage records and logs; never the secret
+          secret: ${TEAM_A_KEY}         # the bearer token; ${VAR} as everywhere in llm.yaml
+          tenant: team-a                # responses are visible only within their tenant
+          retention: standard           # or zero: only ids, times, status and counts are kept
+          models: [Support, Coder]      # connection names this key may use; ["*"] for all
+          hosted_tools: []              # provider-run tools (web_search, ...) it may ask for
+
+Here, not in :mod:`llmconn.gateway`, so that the core configuration
+(:mod:`llmconn.config`) needs nothing of the gateway's code; finding a
+request's key is :mod:`llmconn.gateway.keys`. Secrets are ``SecretStr`` and
+never appear in a repr or a log.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+DEFAULT_RESPONSE_EXPIRY = 30 * 86400   # OpenAI keeps stored responses 30 days
+ALL_MODELS = '*'
+
+
+class Retention(str, Enum):
+    """What a key's responses keep: everything (``standard``), or only ids, times, status and counts."""
+
+    STANDARD = 'standard'
+    ZERO = 'zero'
+
+    def __str__(self) -> str:       # the value in logs and f-strings, as enum.StrEnum (3.11+) would
+        return self.value
+
+    __format__ = str.__format__
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra='forbid', frozen=True, allow_inf_nan=False)
+
+
+class GatewayKey(_Frozen):
+    """One client key: who it belongs to and what it may use."""
+
+    id: str = Field(min_length=1, max_length=128)
+    secret: SecretStr
+    tenant: str = Field(min_length=1, max_length=256)
+    retention: Retention = Retention.STANDARD
+    models: tuple[str, ...] = Field(min_length=1)
+    hosted_tools: tuple[str, ...] = ()
+
+    @field_validator('secret')
+    @classmethod
+    def _secret(cls, value: SecretStr) -> SecretStr:
+        # ${KEY:-} left unset must not become "the empty key", which any client could send.
+        if len(value.get_secret_value()) < 8:
+            raise ValueError('the secret must have at least 8 characters (is its ${VARIABLE} set?)')
+        return value
+
+    def may_use(self, model: str) -> bool:
+        return ALL_MODELS in self.models or model in self.models
+
+
+class GatewayConfig(_Frozen):
+    """The ``gateway:`` section; no keys means the gateway routes answer 404."""
+
+    keys: tuple[GatewayKey, ...] = ()
+    response_expiry: float = Field(DEFAULT_RESPONSE_EXPIRY, gt=0, le=315_360_000)     # ten years at most
+
+    @model_validator(mode='after')
+    def _unique(self) -> 'GatewayConfig':
+        ids = [k.id for k in self.keys]
+        if len(set(ids)) != len(ids):
+            raise ValueError('gateway key ids must be unique')
+        secrets = [k.secret.get_secret_value() for k in self.keys]
+        if len(set(secrets)) != len(secrets):
+            raise ValueError('two gateway keys have the same secret; give each key its own')
+        return self
+
+    def check_models(self, connections: set) -> None:
+        """Refuse (at load) a key naming a connection that does not exist: a typo would hide a model."""
+        for key in self.keys:
+            unknown = sorted(set(key.models) - connections - {ALL_MODELS})
+            if unknown:
+                raise ValueError(f'gateway key {key.id!r}: models {", ".join(unknown)} name no connection; '
+                                 f'known connections are {", ".join(sorted(connections)) or "none"}')
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.keys)
