@@ -314,7 +314,7 @@ def record(call: Call, status: str, usage: dict | None, output: list, *, provide
     if keep_text:
         rec.update(instructions_hash=instructions_hash(call.instructions), instructions=call.instructions,
                    metadata=call.metadata, output=output, input_items=input_items.render(call.id, call.input),
-                   settings=call.settings)
+                   settings=call.settings, tools=call.echo_tools)
     if calls:
         rec['tool_calls'] = mod_tools.registry(calls)
     answered = _answered(call)
@@ -360,5 +360,5 @@ def from_record(rec: dict) -> dict:
                      instructions=rec.get('instructions'), metadata=rec.get('metadata') or {},
                      previous_response_id=rec.get('previous_response_id'),
                      usage=_stored_usage(usage),
-                     error=rec.get('error'), incomplete_details=rec.get('incomplete_details'), tools=[],
+                     error=rec.get('error'), incomplete_details=rec.get('incomplete_details'), tools=rec.get('tools') or [],
                      store=True, settings=rec.get('settings') or {})
