@@ -136,3 +136,11 @@ class GatewayError(LLMConnError):
 
     def body(self) -> dict:
         return {'error': {'message': str(self), 'type': self.type, 'param': self.param, 'code': self.code}}
+
+
+class LimitExceeded(GatewayError):
+    """A gateway key's rpm, tpm or budget refuses a request: 429, with ``Retry-After`` and its rate headers."""
+
+    def __init__(self, message: str, code: str, headers: list) -> None:
+        super().__init__(message, 429, type=code if code == 'insufficient_quota' else 'requests', code=code)
+        self.headers = headers

@@ -9,6 +9,7 @@
           retention: standard           # or zero: only ids, times, status and counts are kept
           models: [Support, Coder]      # connection names this key may use; ["*"] for all
           hosted_tools: []              # provider-run tools (web_search, ...) it may ask for
+          limits: {rpm: 60, tpm: 100000, budget_usd: 25, budget_period: month}   # each optional
 
 Here, not in :mod:`llmconn.gateway`, so that the core configuration
 (:mod:`llmconn.config`) needs nothing of the gateway's code; finding a
@@ -19,8 +20,9 @@ never appear in a repr or a log.
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 DEFAULT_RESPONSE_EXPIRY = 30 * 86400   # OpenAI keeps stored responses 30 days
 ALL_MODELS = '*'
@@ -42,6 +44,40 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra='forbid', frozen=True, allow_inf_nan=False)
 
 
+class KeyLimits(_Frozen):
+    """A key's limits (SPEC §18); an absent one is no limit. Enforced by :mod:`llmconn.gateway.limits`."""
+
+    rpm: int | None = None                  # requests per minute
+    tpm: int | None = None                  # tokens (input + output) per minute
+    budget_usd: float | None = None         # spend per period, at the connections' pricing
+    budget_period: Literal['day', 'month'] = 'day'
+
+    @property
+    def enabled(self) -> bool:
+        return any(v is not None for v in (self.rpm, self.tpm, self.budget_usd))
+
+
+_WHOLE = {'rpm': 'requests per minute', 'tpm': 'tokens per minute'}
+
+
+def _check_limits(key_id: str, value: object) -> object:
+    """Refuse a limit that is zero, negative or not a number, naming the key and the field."""
+    if not isinstance(value, dict):
+        return value            # the model's own error says what a mapping needs
+    for name in ('rpm', 'tpm', 'budget_usd'):
+        if value.get(name) is None:
+            continue
+        n = value[name]
+        whole = name in _WHOLE
+        # YAML's true is an int to Python, and 1.5 requests a minute is no count: both refused.
+        ok = (isinstance(n, int) if whole else isinstance(n, (int, float))) and not isinstance(n, bool)
+        if not ok or not n > 0 or n == float('inf'):        # NaN fails n > 0
+            what = f'a whole number of {_WHOLE[name]}' if whole else 'a number of US dollars'
+            raise ValueError(f'gateway key {key_id!r}: limits.{name} must be {what} above 0, got {n!r}; '
+                             f'leave it out for no limit')
+    return value
+
+
 class GatewayKey(_Frozen):
     """One client key: who it belongs to and what it may use."""
 
@@ -51,6 +87,12 @@ class GatewayKey(_Frozen):
     retention: Retention = Retention.STANDARD
     models: tuple[str, ...] = Field(min_length=1)
     hosted_tools: tuple[str, ...] = ()
+    limits: KeyLimits = KeyLimits()
+
+    @field_validator('limits', mode='before')
+    @classmethod
+    def _limits(cls, value: object, info: ValidationInfo) -> object:
+        return _check_limits(str(info.data.get('id', '?')), value)
 
     @field_validator('secret')
     @classmethod

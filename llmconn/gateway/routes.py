@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 from llmconn.errors import (GatewayError, InvalidInput, LLMAuthError, LLMConnError, LLMError, LLMRateLimited,
                             LLMTimeout, StoreError)
-from llmconn.gateway import chat_completions, compact, dispatch, forget, input_items, responses, shapes
+from llmconn.gateway import chat_completions, compact, dispatch, forget, input_items, limits, responses, shapes
 from llmconn.gateway.capabilities import CHAT, RESPONSES
 from llmconn.gateway.echo import MAX_PARAM_CHARS, bounded, shown
 from llmconn.gateway.keys import GatewayConfig, bearer_token, find_key
@@ -97,12 +97,12 @@ def _route(gw: Gateway, key: Any, environ: dict, method: str, route: str) -> tup
         _allow(method, 'POST')
         body = _read_json(environ)
         shapes.check(RESPONSES if route == 'responses' else CHAT, body)
-        if route == 'responses':
-            call = responses.prepare(gw, key, body)
-            return _sse(dispatch.stream(gw, call)) if call.stream else _json(200, dispatch.respond(gw, call))
-        call = chat_completions.prepare(gw, key, body)
-        return _sse(chat_completions.stream(gw, call)) if call.stream else \
-            _json(200, chat_completions.complete(gw, call))
+        grant = limits.admit(gw, key)
+        if grant is None:
+            return _create(gw, key, route, body)
+        with limits.granted(grant):
+            status, headers, data = _create(gw, key, route, body)
+        return status, headers + grant.headers(), data
     if route == 'responses/compact':
         _allow(method, 'POST')
         return _json(200, compact.compact(gw, key, _read_json(environ)))
@@ -127,6 +127,14 @@ def _route(gw: Gateway, key: Any, environ: dict, method: str, route: str) -> tup
                                param='model', code='model_not_found')
         return _json(200, found[0])
     raise GatewayError(f'no gateway route {shown(method)} {shown("/v1/" + route)}', 404, code='not_found')
+
+
+def _create(gw: Gateway, key: Any, route: str, body: Any) -> tuple:
+    if route == 'responses':
+        call = responses.prepare(gw, key, body)
+        return _sse(dispatch.stream(gw, call)) if call.stream else _json(200, dispatch.respond(gw, call))
+    call = chat_completions.prepare(gw, key, body)
+    return _sse(chat_completions.stream(gw, call)) if call.stream else _json(200, chat_completions.complete(gw, call))
 
 
 def _missing(response_id: str) -> GatewayError:
@@ -224,7 +232,7 @@ def error(e: BaseException, cid: str, what: str) -> tuple:
         logger.error('%s failed with %d (cid=%s): %s', bounded(what, MAX_PARAM_CHARS), failure.status, cid,
                      bounded(e.logged() if isinstance(e, LLMError) else str(e) or str(failure)),
                      exc_info=not isinstance(e, LLMConnError))
-    headers = [('WWW-Authenticate', 'Bearer')] if failure.status == 401 else []
+    headers = [('WWW-Authenticate', 'Bearer')] if failure.status == 401 else list(getattr(failure, 'headers', ()))
     body = failure.body()
     body['error'].update(message=bounded(body['error']['message']),
                          param=bounded(body['error']['param'], MAX_PARAM_CHARS))

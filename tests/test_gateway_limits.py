@@ -1,0 +1,190 @@
+"""Per-key limits on the gateway (SPEC §18): rpm, tpm and budgets, shared by every process on one Redis.
+
+Real ``llmconn serve`` processes, a real redis-server, the fake provider;
+the client is the ``openai`` SDK, which raises its own RateLimitError on a 429.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+from openai import OpenAI
+
+from conftest import RedisServer, free_port
+from llmconn.config import load_file
+from llmconn.demo import start_server, stop
+from llmconn.errors import ConfigError
+from llmconn.testing.fake_server import FakeProviderServer
+
+# name: (secret, limits)
+KEYS = {
+    'rpm': ('sk-gw-limits-rpm-secret', '{rpm: 2}'),
+    'burst': ('sk-gw-limits-burst-secret', '{rpm: 10}'),
+    'tpm': ('sk-gw-limits-tpm-secret', '{tpm: 1}'),
+    'budget': ('sk-gw-limits-budget-secret', '{budget_usd: 0.001, budget_period: month}'),
+    'free': ('sk-gw-limits-free-secret', '{}'),
+}
+
+
+def _config(fake_url: str, redis_url: str) -> str:
+    keys = ''.join(f'''
+    - {{id: key-{name}, secret: {secret}, tenant: t-{name}, models: ["*"], limits: {limits}}}'''
+                   for name, (secret, limits) in KEYS.items())
+    # $1,000 per million tokens: every call's cost (>= 1 token) is at least 1,000 micro-USD, the whole budget.
+    return f'''
+redis: {{url: "{redis_url}"}}
+gateway:
+  keys:{keys}
+llm:
+  - {{name: Chat, provider: openai, model: gpt-4.1, address: "{fake_url}/v1", max_retries: 0,
+     pricing: {{input: 1000, output: 1000}}}}
+'''
+
+
+class Stack:
+    """A redis-server, the fake provider and ``processes`` gateway processes reading one llm.yaml."""
+
+    def __init__(self, processes: int) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix='gateway-limits-'))
+        self.redis = RedisServer().start()
+        self.fake = FakeProviderServer().start()
+        (self.tmp / 'services').mkdir()
+        self.config = self.tmp / 'llm.yaml'
+        self.config.write_text(_config(self.fake.url, self.redis.url))
+        self.ports = [free_port() for _ in range(processes)]
+        self.procs = []
+        try:
+            for port in self.ports:
+                self.procs.append(start_server(self.config, self.tmp / 'services', port))
+        except BaseException:
+            self.close()
+            raise
+
+    def client(self, key: str, process: int = 0) -> OpenAI:
+        return OpenAI(base_url=f'http://127.0.0.1:{self.ports[process]}/v1', api_key=KEYS[key][0],
+                      max_retries=0, timeout=20)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            stop(proc)
+        self.fake.stop()
+        self.redis.stop()
+
+
+@pytest.fixture(scope='module')
+def stack():
+    s = Stack(2)
+    yield s
+    s.close()
+
+
+def _chat(client: OpenAI, **kw):
+    return client.chat.completions.with_raw_response.create(
+        model='Chat', messages=[{'role': 'user', 'content': 'hello there'}], **kw)
+
+
+def test_rpm_refuses_with_openai_429_and_headers(stack):
+    client = stack.client('rpm')
+    seen = []
+    with pytest.raises(openai.RateLimitError) as refused:
+        for _ in range(5):          # 2 a minute: a minute that ends mid-test admits 2 more at most
+            raw = client.responses.with_raw_response.create(model='Chat', input='hello')
+            seen.append(raw.headers)
+    assert 2 <= len(seen) <= 4
+    assert seen[0]['x-ratelimit-limit-requests'] == '2'
+    assert [int(h['x-ratelimit-remaining-requests']) for h in seen[:2]] in ([1, 0], [0, 1], [1, 1])
+    assert seen[0]['x-ratelimit-reset-requests'].endswith('s')
+    e = refused.value
+    assert e.status_code == 429 and e.code == 'rate_limit_exceeded'
+    assert 'requests per minute' in e.message and 'key-rpm' in e.message
+    assert 1 <= int(e.response.headers['Retry-After']) <= 61
+    assert e.response.headers['x-ratelimit-remaining-requests'] == '0'
+
+
+def test_a_key_without_limits_is_not_limited_and_has_no_headers(stack):
+    raw = _chat(stack.client('free'))
+    assert raw.status_code == 200 and 'x-ratelimit-limit-requests' not in raw.headers
+
+
+def test_two_processes_share_one_rpm_under_a_burst(stack):
+    clients = [stack.client('burst', process) for process in (0, 1)] * 15
+
+    def one(client):
+        try:
+            _chat(client)
+            return 'ok'
+        except openai.RateLimitError as e:
+            return e.code
+
+    start = int(time.time() // 60)
+    with ThreadPoolExecutor(12) as pool:
+        outcomes = list(pool.map(one, clients))
+    minutes = int(time.time() // 60) - start + 1
+    admitted = outcomes.count('ok')
+    assert set(outcomes) <= {'ok', 'rate_limit_exceeded'}
+    # 10 a minute across both processes: exactly 10 when the burst stayed in one minute.
+    assert admitted == 10 if minutes == 1 else 10 <= admitted <= 20
+
+
+def test_tpm_counts_a_streamed_answers_tokens(stack):
+    client = stack.client('tpm')
+    chunks = list(client.chat.completions.create(model='Chat', messages=[{'role': 'user', 'content': 'hi'}],
+                                                 stream=True, stream_options={'include_usage': True}))
+    assert chunks[-1].usage.total_tokens >= 1
+    deadline = time.time() + 5
+    while True:     # the first minute may end just now: then the next one refuses once it counted again
+        try:
+            raw = _chat(client)
+        except openai.RateLimitError as e:
+            assert e.code == 'rate_limit_exceeded' and 'tokens per minute' in e.message
+            break
+        assert time.time() < deadline, 'tpm never refused'
+        assert int(raw.headers['x-ratelimit-remaining-tokens']) == 1
+
+
+def test_spent_budget_is_insufficient_quota_on_either_process(stack):
+    first = stack.client('budget', 0)
+    first.responses.create(model='Chat', input='hello')        # costs the whole budget
+    for process in (0, 1):
+        with pytest.raises(openai.RateLimitError) as refused:
+            _chat(stack.client('budget', process))
+        e = refused.value
+        assert e.code == 'insufficient_quota' and 'budget' in e.message
+        assert int(e.response.headers['Retry-After']) > 0
+
+
+def test_redis_down_with_limits_is_503_never_unlimited():
+    s = Stack(1)
+    try:
+        client = s.client('rpm')
+        _chat(client)
+        s.redis.stop()
+        with pytest.raises(openai.InternalServerError) as failed:
+            _chat(client)
+        assert failed.value.status_code == 503
+        assert len(s.fake.requests) == 1           # the refused request never reached the provider
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize('limits, field', [
+    ('{rpm: 0}', 'limits.rpm'), ('{tpm: -5}', 'limits.tpm'), ('{budget_usd: ten}', 'limits.budget_usd'),
+    ('{rpm: 1.5}', 'limits.rpm'), ('{budget_usd: .nan}', 'limits.budget_usd'), ('{budget_usd: 0}', 'limits.budget_usd'),
+])
+def test_bad_limits_are_a_config_error_naming_key_and_field(tmp_path, limits, field):
+    path = tmp_path / 'llm.yaml'
+    path.write_text(f'''
+gateway:
+  keys:
+    - {{id: team-x, secret: sk-some-long-secret, tenant: x, models: ["*"], limits: {limits}}}
+llm:
+  - {{name: Chat, provider: openai, model: gpt-4.1}}
+''')
+    with pytest.raises(ConfigError) as e:
+        load_file(path)
+    assert "'team-x'" in str(e.value) and field in str(e.value) and 'sk-some-long-secret' not in str(e.value)
