@@ -77,6 +77,7 @@ class Call:
     id: str = field(default_factory=new_response_id)
     created_at: int = field(default_factory=lambda: int(mod_time.time()))
     settings: dict = field(default_factory=dict)      # what the Response echoes (effective.settings)
+    ended_at: int | None = None     # when it ended: one time for the answer and its record alike
 
 
 def prepare(gw: Any, key: Any, body: Any) -> Call:
@@ -257,7 +258,7 @@ def usage_object(input_tokens: int, output_tokens: int, estimated: bool = False,
 def response_object(call: Call, status: str, output: list, usage: dict | None, *, reason: str = '',
                     error: dict | None = None) -> dict:
     """A Response as the Open Responses specification and ``openai.types.responses.Response`` shape it."""
-    return _resource(id=call.id, created_at=call.created_at, completed_at=_completed_at(status), status=status,
+    return _resource(id=call.id, created_at=call.created_at, completed_at=_completed_at(call, status), status=status,
                      model=call.model, output=output, instructions=call.instructions, metadata=call.metadata,
                      previous_response_id=call.previous['id'] if call.previous else None, usage=usage,
                      error=error, incomplete_details={'reason': reason} if reason else None,
@@ -276,9 +277,18 @@ def _resource(*, settings: dict, **fields: Any) -> dict:
             **(settings or effective.stored_defaults())}
 
 
-def _completed_at(status: str) -> int | None:
+def _completed_at(call: Call, status: str) -> int | None:
     """When the response ended; only a completed one has a completion time (as OpenAI reports it)."""
-    return int(mod_time.time()) if status == 'completed' else None
+    return _ended_at(call, status) if status == 'completed' else None
+
+
+def _ended_at(call: Call, status: str) -> int | None:
+    """The time ``call`` ended, taken once (the answer and the record, written a moment apart, agree)."""
+    if status == 'in_progress':
+        return None
+    if call.ended_at is None:
+        call.ended_at = int(mod_time.time())
+    return call.ended_at
 
 
 def output_items(thinking: str, text: str, status: str, calls: list | None = None, sealed: str = '',
@@ -306,7 +316,7 @@ def record(call: Call, status: str, usage: dict | None, output: list, *, provide
            'lineage': forget.lineage(call.previous),
            'provider_response_id': provider_id if call.mode == StoreMode.PROVIDER else '',
            'created_at': call.created_at, 'expires_at': call.created_at + ttl,
-           'completed_at': None if status == 'in_progress' else int(mod_time.time()),
+           'completed_at': _ended_at(call, status),
            'status': status, 'usage': usage or {}, 'downgrades': call.downgrades,
            'counts': {'input_items': len(call.context), 'output_items': len(output),
                       'function_calls': len(calls or ())}}
