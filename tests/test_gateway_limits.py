@@ -188,3 +188,14 @@ llm:
     with pytest.raises(ConfigError) as e:
         load_file(path)
     assert "'team-x'" in str(e.value) and field in str(e.value) and 'sk-some-long-secret' not in str(e.value)
+
+
+def test_the_documented_limits_example_loads(tmp_path):
+    page = (Path(__file__).parent.parent / 'docs' / 'gateway.md').read_text()
+    section = page.split('## Limits and budgets', 1)[1]
+    example = section.split('```yaml\n', 1)[1].split('```', 1)[0]
+    path = tmp_path / 'llm.yaml'
+    path.write_text(example)
+    conf = load_file(path, environ={'TEAM_A_GATEWAY_KEY': 'sk-team-a-long-secret'})
+    limits = conf.gateway.keys[0].limits
+    assert (limits.rpm, limits.tpm, limits.budget_usd, limits.budget_period) == (60, 200000, 25, 'month')
