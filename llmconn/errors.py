@@ -143,4 +143,4 @@ class LimitExceeded(GatewayError):
 
     def __init__(self, message: str, code: str, headers: list) -> None:
         super().__init__(message, 429, type=code if code == 'insufficient_quota' else 'requests', code=code)
-        self.headers = headers
+        self.rate_headers = headers         # the routes add them to the answer

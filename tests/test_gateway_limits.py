@@ -27,6 +27,7 @@ KEYS = {
     'burst': ('sk-gw-limits-burst-secret', '{rpm: 10}'),
     'tpm': ('sk-gw-limits-tpm-secret', '{tpm: 1}'),
     'budget': ('sk-gw-limits-budget-secret', '{budget_usd: 0.001, budget_period: month}'),
+    'roomy': ('sk-gw-limits-roomy-secret', '{rpm: 100, tpm: 1000000}'),
     'free': ('sk-gw-limits-free-secret', '{}'),
 }
 
@@ -109,6 +110,14 @@ def test_rpm_refuses_with_openai_429_and_headers(stack):
 def test_a_key_without_limits_is_not_limited_and_has_no_headers(stack):
     raw = _chat(stack.client('free'))
     assert raw.status_code == 200 and 'x-ratelimit-limit-requests' not in raw.headers
+
+
+def test_a_refusal_after_admission_carries_the_headers_too(stack):
+    with pytest.raises(openai.NotFoundError) as missing:
+        stack.client('roomy').responses.create(model='NoSuchModel', input='hello')
+    headers = missing.value.response.headers
+    assert headers['x-ratelimit-limit-requests'] == '100' and int(headers['x-ratelimit-remaining-requests']) < 100
+    assert headers['x-ratelimit-limit-tokens'] == '1000000' and 'x-ratelimit-remaining-tokens' in headers
 
 
 def test_two_processes_share_one_rpm_under_a_burst(stack):

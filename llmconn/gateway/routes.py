@@ -100,8 +100,12 @@ def _route(gw: Gateway, key: Any, environ: dict, method: str, route: str) -> tup
         grant = limits.admit(gw, key)
         if grant is None:
             return _create(gw, key, route, body)
-        with limits.granted(grant):
-            status, headers, data = _create(gw, key, route, body)
+        try:
+            with limits.granted(grant):
+                status, headers, data = _create(gw, key, route, body)
+        except Exception as e:
+            e.rate_headers = grant.headers()        # a refusal after admission carries them too
+            raise
         return status, headers + grant.headers(), data
     if route == 'responses/compact':
         _allow(method, 'POST')
@@ -232,7 +236,7 @@ def error(e: BaseException, cid: str, what: str) -> tuple:
         logger.error('%s failed with %d (cid=%s): %s', bounded(what, MAX_PARAM_CHARS), failure.status, cid,
                      bounded(e.logged() if isinstance(e, LLMError) else str(e) or str(failure)),
                      exc_info=not isinstance(e, LLMConnError))
-    headers = [('WWW-Authenticate', 'Bearer')] if failure.status == 401 else list(getattr(failure, 'headers', ()))
+    headers = [('WWW-Authenticate', 'Bearer')] if failure.status == 401 else list(getattr(e, 'rate_headers', ()))
     body = failure.body()
     body['error'].update(message=bounded(body['error']['message']),
                          param=bounded(body['error']['param'], MAX_PARAM_CHARS))
