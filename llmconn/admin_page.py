@@ -90,6 +90,7 @@ def render(registry: Any, connection: str, chat_id: str) -> str:
                  _notice(usage_error) or usage_chart(by_connection_and_day(rows), days) + usage_table(rows)),
         _section(f'Failed calls by status (the provider\'s, or the error that ended them), last {DAYS_SHOWN} days',
                  _notice(usage_error) or errors_table(rows)),
+        _section('Gateway keys against their limits (this minute, this budget period)', limits_table(registry)),
         _section('Chat history', history_form(list(registry), connection, chat_id)
                  + (history_view(registry, connection, chat_id) if chat_id else '')),
     ]
@@ -162,6 +163,26 @@ TABLE_COUNTERS = (('calls', 'Calls'), ('errors', 'Errors'), ('input_tokens', 'In
 def usd(micro: int) -> str:
     """Micro-USD as dollars, every digit kept (the ledger's cost is exact)."""
     return f'{micro / 1_000_000:.6f}'
+
+
+def limits_table(registry: Any) -> str:
+    """Each limited gateway key's use against its rpm, tpm and budget; a store that fails shows its error."""
+    from llmconn.gateway.limits import report
+    try:
+        rows = report(registry)
+    except LLMConnError as e:
+        return _notice(str(e))
+    if not rows:
+        return '<p>No gateway key has limits.</p>'
+
+    def of(used: Any, limit: Any, fmt: str = '{}') -> str:
+        return escape(f'{fmt.format(used)} / {fmt.format(limit) if limit is not None else "-"}')
+    body = ''.join(f'<tr><td>{escape(r["key"])}</td><td class="n">{of(r["requests"], r["rpm"])}</td>'
+                   f'<td class="n">{of(r["tokens"], r["tpm"])}</td>'
+                   f'<td class="n">{of(r["spent_usd"], r["budget_usd"], "{:.4f}")}</td>'
+                   f'<td>{escape(r["period"])}</td></tr>' for r in rows)
+    return ('<table id="limits-table"><tr><th>gateway key</th><th>requests / rpm</th><th>tokens / tpm</th>'
+            f'<th>spent / budget (USD)</th><th>period</th></tr>{body}</table>')
 
 
 def usage_table(rows: list[dict]) -> str:

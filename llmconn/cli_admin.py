@@ -98,12 +98,16 @@ def cmd_usage(args) -> int:
         rows = read_usage(registry.store, since=since, connection=args.connection)
         if args.connection and not rows and args.connection not in registry:
             registry[args.connection]       # a name neither configured nor counted: say which ones exist
+        from llmconn.gateway.limits import format_report, report
+        limited = [] if args.json else report(registry)
     finally:
         registry.close()
     if not registry.store.shared:
         print(f'note: the store is {registry.store.url_for_display} (one process only), so it holds no usage '
               f'of other processes', file=sys.stderr)
     print(as_json(rows) if args.json else shown(format_table(rows), sys.stdout))
+    if limited:
+        print('\n' + shown(format_report(limited), sys.stdout))
     return 0
 
 

@@ -6,7 +6,13 @@ the client is the ``openai`` SDK, which raises its own RateLimitError on a 429.
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import tempfile
+import urllib.request
+from base64 import b64encode
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +27,9 @@ from llmconn.demo import start_server, stop
 from llmconn.errors import ConfigError
 from llmconn.testing.fake_server import FakeProviderServer
 
+ROOT = Path(__file__).resolve().parent.parent
+ADMIN_KEY = 'sk-limits-admin-key'
+
 # name: (secret, limits)
 KEYS = {
     'rpm': ('sk-gw-limits-rpm-secret', '{rpm: 2}'),
@@ -28,6 +37,7 @@ KEYS = {
     'tpm': ('sk-gw-limits-tpm-secret', '{tpm: 1}'),
     'budget': ('sk-gw-limits-budget-secret', '{budget_usd: 0.001, budget_period: month}'),
     'roomy': ('sk-gw-limits-roomy-secret', '{rpm: 100, tpm: 1000000}'),
+    'shown': ('sk-gw-limits-shown-secret', '{rpm: 50, tpm: 1000000, budget_usd: 5, budget_period: month}'),
     'free': ('sk-gw-limits-free-secret', '{}'),
 }
 
@@ -39,6 +49,7 @@ def _config(fake_url: str, redis_url: str) -> str:
     # $1,000 per million tokens: every call's cost (>= 1 token) is at least 1,000 micro-USD, the whole budget.
     return f'''
 redis: {{url: "{redis_url}"}}
+server: {{api_keys: [{ADMIN_KEY}]}}
 gateway:
   keys:{keys}
 llm:
@@ -82,6 +93,13 @@ def stack():
     s = Stack(2)
     yield s
     s.close()
+
+
+def admin_page(url: str) -> str:
+    auth = b64encode(f'admin:{ADMIN_KEY}'.encode()).decode()
+    with urllib.request.urlopen(urllib.request.Request(url, headers={'Authorization': f'Basic {auth}'}),
+                                timeout=20) as answer:
+        return answer.read().decode()
 
 
 def _chat(client: OpenAI, **kw):
@@ -208,3 +226,19 @@ def test_the_documented_limits_example_loads(tmp_path):
     conf = load_file(path, environ={'TEAM_A_GATEWAY_KEY': 'sk-team-a-long-secret'})
     limits = conf.gateway.keys[0].limits
     assert (limits.rpm, limits.tpm, limits.budget_usd, limits.budget_period) == (60, 200000, 25, 'month')
+
+
+def test_llmconn_usage_and_admin_show_each_keys_use_against_its_limits(stack):
+    # A key of its own, so the other tests' requests do not move its counts.
+    client = stack.client('shown')
+    client.chat.completions.create(model='Chat', messages=[{'role': 'user', 'content': 'hello'}])
+    out = subprocess.run([sys.executable, '-m', 'llmconn', 'usage', '--config', str(stack.config)],
+                         capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    line = next(line for line in out.stdout.splitlines() if line.startswith('key-shown '))
+    minute_ended = line.split()[1] == '0'      # the minute may have ended between the call and the report
+    assert re.search(r'\b[01] / 50\b', line) and '/ 1000000' in line and '/ 5.0000' in line
+    assert time.strftime('%Y-%m', time.gmtime()) in line
+    assert minute_ended or re.search(r'\b1 / 50\b', line)
+    page = admin_page(f'http://127.0.0.1:{stack.ports[1]}/admin')
+    assert 'id="limits-table"' in page and 'key-shown' in page and '/ 50' in page

@@ -161,3 +161,29 @@ def _settling(grant: Grant, conn: Any, events: Iterator) -> Iterator:
         if close is not None:
             close()
         grant.settle(conn, usage)
+
+
+def report(registry: Any, clock: Callable[[], float] = time.time) -> list[dict]:
+    """Each limited key's use in the current minute and period against its limits (``llmconn usage``, ``/admin``)."""
+    now = clock()
+    rows = []
+    for key in registry.config.gateway.keys:
+        limits = key.limits
+        if not limits.enabled:
+            continue
+        period = period_of(now, limits.budget_period)
+        requests, tokens, spent = _store(registry.store).read(limit_keys(key.id, int(now // 60), period))
+        rows.append({'key': key.id, 'requests': requests, 'rpm': limits.rpm, 'tokens': tokens, 'tpm': limits.tpm,
+                     'spent_usd': spent / 1e6, 'budget_usd': limits.budget_usd, 'period': period})
+    return rows
+
+
+def format_report(rows: list[dict]) -> str:
+    """The rows of :func:`report` as a text table; a limit a key does not have shows as ``-``."""
+    def of(used: Any, limit: Any, fmt: str = '{}') -> str:
+        return f'{fmt.format(used)} / {fmt.format(limit) if limit is not None else "-"}'
+    lines = [f'{"gateway key":<24} {"requests this minute":>22} {"tokens this minute":>24} {"spent (USD)":>22}  period']
+    for r in rows:
+        lines.append(f'{r["key"]:<24} {of(r["requests"], r["rpm"]):>22} {of(r["tokens"], r["tpm"]):>24} '
+                     f'{of(r["spent_usd"], r["budget_usd"], "{:.4f}"):>22}  {r["period"]}')
+    return '\n'.join(lines)
