@@ -42,9 +42,9 @@ def check_replay(conn: Any, conversation: Conversation) -> None:
     steps = list(conversation.items)
     if conversation.tag != conn.provider.tag:
         steps = mod_items.plain(steps)
-    if conn.provider.lacks_replay(steps):
-        raise GatewayError('input: Claude with extended thinking must get its signed thinking back before the '
-                           'function calls a request answers, and this request carries none for them (they came '
+    missing = conn.provider.lacks_replay(steps)
+    if missing:
+        raise GatewayError(f'input: {missing} a request answers, and this request carries none for them (they came '
                            'back without their sealed reasoning item, or another model or mode made them). Ask '
                            'for include: ["reasoning.encrypted_content"] and send the reasoning item back with the '
                            'calls, or store the response and continue it with previous_response_id',

@@ -125,10 +125,10 @@ class Provider:
         """True when the provider itself keeps each answer and continues from its id (no replay needed)."""
         return False
 
-    def lacks_replay(self, steps: list[dict]) -> bool:
-        """True when continuing the turn in progress ``steps`` (as this provider would see them) needs
-        items of the provider's own that they do not carry, so the provider would refuse the call."""
-        return False
+    def lacks_replay(self, steps: list[dict]) -> str:
+        """What continuing the turn in progress ``steps`` (as this provider would see them) needs of the
+        provider's own items that they do not carry, so the provider would refuse the call ('' if nothing)."""
+        return ''
 
     def url(self, stream: bool = False) -> str:
         raise NotImplementedError

@@ -76,13 +76,15 @@ class ClaudeProvider(Provider):
     def stop_reason(self, raw: dict) -> Any:
         return raw.get('stop_reason')
 
-    def lacks_replay(self, steps: list[dict]) -> bool:
+    def lacks_replay(self, steps: list[dict]) -> str:
         """With thinking on, the assistant message that continues after ``tool_use`` must start with
         its signed thinking block; calls sent back bare (no natives) have none to send."""
         if self.mode not in _SIGNED_THINKING or not steps:
-            return False
+            return ''
         said = mod_items.rounds(steps)[-1][0]
-        return bool(mod_items.calls(said)) and not any('native' in s for s in said)
+        if mod_items.calls(said) and not any('native' in s for s in said):
+            return 'Claude with extended thinking must get its signed thinking back before the function calls'
+        return ''
 
     def url(self, stream: bool = False) -> str:
         return f'{self.conf.address}/v1/messages'
