@@ -147,6 +147,8 @@ class Connection:
 
         Asks for the model list, which costs no tokens; a server that has none
         (404 or 405: some compatible servers and gateways) is asked a one-word question.
+        A health check, not a call: it counts in flight, but not in the usage ledger or the
+        call metrics (its HTTP attempts are in the provider metrics as every attempt is).
         """
         self._check_active()
         with self.calls:
