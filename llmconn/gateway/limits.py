@@ -24,6 +24,7 @@ import calendar
 import contextvars
 import logging
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -37,7 +38,7 @@ logger = logging.getLogger('llmconn.gateway')
 MINUTE_TTL = 120                                    # a minute's counters outlive it, for the one after
 PERIOD_TTL = {'day': 2 * 86400, 'month': 32 * 86400}
 _current: contextvars.ContextVar['Grant | None'] = contextvars.ContextVar('llmconn_limit_grant', default=None)
-_stores: dict[int, tuple[Any, LimitStore]] = {}
+_stores: 'weakref.WeakKeyDictionary[Any, LimitStore]' = weakref.WeakKeyDictionary()   # per chat store
 
 
 def period_of(now: float, period: str) -> str:
@@ -88,10 +89,10 @@ def rate_headers(limits: Any, requests: int, tokens: int, reset: float) -> list[
 
 
 def _store(registry_store: Any) -> LimitStore:
-    held = _stores.get(id(registry_store))
-    if held is None or held[0] is not registry_store:       # a reloaded store: its own scripts
-        held = _stores[id(registry_store)] = (registry_store, LimitStore(registry_store))
-    return held[1]
+    store = _stores.get(registry_store)
+    if store is None:           # a reloaded configuration's new store gets its own scripts
+        store = _stores[registry_store] = LimitStore(registry_store)
+    return store
 
 
 def admit(gw: Any, key: Any, clock: Callable[[], float] = time.time) -> Grant | None:
