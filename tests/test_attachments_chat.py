@@ -153,3 +153,33 @@ def test_a_call_handed_the_lock_by_a_waiting_line_gets_the_attachments_of_its_wi
     first.join()
     assert replies['a']['text'].endswith('files: 2')
     assert replies['b']['text'].endswith('files: 2')     # its window came in the hand-over, bytes and all
+
+
+@pytest.fixture(scope='module')
+def cluster(tmp_path_factory):
+    from redis_topology import Cluster
+    cluster = Cluster(tmp_path_factory.mktemp('cluster'))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+def test_on_a_redis_cluster_the_attachments_live_in_their_chats_slot_and_come_back(cluster, unique):
+    from llmconn.store import open_store
+    from llmconn.types import Turn
+    store = open_store(cluster.url)
+    scan = Attachment.from_bytes(PNG, 'image/png', 'scan.png')
+    try:
+        with store.begin(unique, 'c', window=10, lock_ttl=5, lock_wait=5) as lock:
+            lock.save(Turn('look', 'seen', attachments=(scan,)), expiry=60, max_turns=1000)
+        with store.begin(unique, 'c', window=10, lock_ttl=5, lock_wait=5) as lock:
+            [turn] = lock.turns
+        assert turn.attachments[0].base64 == scan.base64 and turn.attachments[0].name == 'scan.png'
+    finally:
+        store.close()
+    keys = chat_keys(unique, 'c')
+    node = redis.Redis(port=cluster.master_of(keys.turns))
+    assert node.hkeys(keys.beside('files')) == [scan.sha256.encode()]
+    assert {node.cluster('keyslot', k) for k in (keys.turns, keys.beside('files'), keys.beside('filerefs'))} == {
+        node.cluster('keyslot', keys.turns)}
