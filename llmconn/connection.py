@@ -243,9 +243,10 @@ class Connection:
             result = self._result(call, loop)
             if compacted.usage is not None:
                 result['usage']['compaction'] = compacted.usage
+            items = loop.stored_items()
             lock.save(Turn(user=pending.user if pending else spec.text, assistant=loop.text,
                            attachments=pending.attachments if pending else call.attachments,
-                           items=loop.stored_items(), tag=self.provider.tag if loop.stored_items() else '',
+                           items=items, tag=self.provider.tag if items else '',
                            state=loop.state, ts=mod_time.time(), meta=loop.last.meta,
                            summary=compacted.summary if compacted.made else {}),
                       expiry=conf.chat_expiry, max_turns=conf.max_stored_turns, replace_last=pending is not None,

@@ -87,7 +87,8 @@ MIN_BLOCK = 0.01
 
 # How many saved tokens a chat remembers, so a re-sent save is recognised even
 # if this many other calls saved in between (a re-send follows within a
-# reconnect, so a handful would do).
+# reconnect, so a handful would do). FINISH trims the list back to this many only once it
+# holds 16 more, so a save mostly pays one LPUSH for it.
 SAVED_TOKENS = 64
 
 # Turns travel from ACQUIRE as one string, one compact JSON turn per line: JSON
@@ -166,22 +167,27 @@ local function clock()
     end
     return now
 end
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return ours(ARGV[3])
+-- Taken first, looked at after (one command on the common path, a free chat): nobody sees
+-- the lock between two commands of a script, so holding it while the queue is looked at is
+-- the same as looking first.
+local holder = false
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    holder = redis.call('GET', KEYS[1])
+    if holder == ARGV[1] then
+        redis.call('PEXPIRE', KEYS[1], ARGV[2])
+        return ours(ARGV[3])
+    end
 end
 if not holder then
-    -- Free. With nobody queued it is ours; with a queue its holder died: the head goes first.
+    -- Was free (it holds our token now). With nobody queued it is ours; with a queue its
+    -- holder died: the head goes first.
     while true do
         local entry = redis.call('LPOP', KEYS[3])
         if not entry then
-            redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
             return ours(ARGV[3])
         end
         local token, ttl, deadline, size = string.match(entry, '^(%x+):(%d+):(%d+):([%d/]+)$')
         if token == ARGV[1] then
-            redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
             return ours(ARGV[3])
         end
         if token and tonumber(deadline) > clock() then
@@ -276,8 +282,10 @@ if ARGV[2] ~= '' then
     for i = 8, #ARGV, 2 do              -- the turn's new attachments, stored once per chat
         redis.call('HSETNX', files, ARGV[i], ARGV[i + 1])
     end
-    for sha in string.gmatch(ARGV[2], '"sha256":"(%x+)"') do
-        redis.call('HINCRBY', refs, sha, 1)
+    if string.find(ARGV[2], '"sha256":"', 1, true) then     -- a plain search first: most turns name none
+        for sha in string.gmatch(ARGV[2], '"sha256":"(%x+)"') do
+            redis.call('HINCRBY', refs, sha, 1)
+        end
     end
     if ARGV[5] == '1' and redis.call('LLEN', KEYS[2]) > 0 then
         unref(redis.call('LINDEX', KEYS[2], -1))
@@ -293,8 +301,9 @@ if ARGV[2] ~= '' then
     end
     redis.call('PEXPIRE', KEYS[2], ARGV[4])
     if redis.call('PEXPIRE', files, ARGV[4]) == 1 then redis.call('PEXPIRE', refs, ARGV[4]) end
-    redis.call('LPUSH', KEYS[4], ARGV[1])
-    redis.call('LTRIM', KEYS[4], 0, 63)   -- SAVED_TOKENS - 1
+    if redis.call('LPUSH', KEYS[4], ARGV[1]) > 80 then      -- trimmed once per 17 saves, to SAVED_TOKENS
+        redis.call('LTRIM', KEYS[4], 0, 63)
+    end
     redis.call('PEXPIRE', KEYS[4], ARGV[4])
     if KEYS[5] then
         local expiry, first = string.match(ARGV[7], '^(%d+)'), true

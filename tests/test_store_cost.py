@@ -1,0 +1,63 @@
+"""What one uncontended chat call costs Redis: the commands its two scripts run (issue 19's benchmark).
+
+Counted with ``INFO commandstats`` on a Redis of this test's own, so each
+figure is exact: a command added to the common path shows here before it
+shows in ``bench/store_cost.py``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from llmconn.store import chat_keys, open_store
+from llmconn.store.lock import SAVED_TOKENS
+from llmconn.types import Turn
+
+CALLS = 16
+
+
+def commands(client: redis.Redis) -> dict[str, int]:
+    """Calls of each command so far, scripts' own commands included."""
+    return {name.removeprefix('cmdstat_'): stats['calls'] for name, stats in client.info('commandstats').items()}
+
+
+def chat_calls(store, chat: str, count: int) -> None:
+    for i in range(count):
+        with store.begin('cost', chat, window=4, lock_ttl=5.0, lock_wait=1.0) as lock:
+            lock.save(Turn(user=f'q{i}', assistant='a', ts=time.time()), expiry=60, max_turns=1000)
+
+
+def test_free_chat_takes_lock_and_window_in_set_lpop_lrange(redis_server):
+    client, store = redis.Redis.from_url(redis_server.url), open_store(redis_server.url)
+    try:
+        chat_calls(store, 'warm', 1)            # scripts loaded, connections open
+        client.config_resetstat()
+        chat_calls(store, 'c', CALLS)
+        counted = commands(client)
+    finally:
+        store.close()
+        client.close()
+    assert counted['evalsha'] == 2 * CALLS
+    # ACQUIRE on a free chat: SET NX, LPOP of the empty queue, LRANGE; no GET (FINISH's only).
+    assert counted['get'] == CALLS
+    assert counted['set'] == CALLS
+    assert counted['lpop'] == 2 * CALLS      # ACQUIRE's and FINISH's look at the queue
+    # The saved tokens are trimmed only once they exceed SAVED_TOKENS by 16.
+    assert 'ltrim' not in counted
+
+
+def test_saved_tokens_keep_at_least_the_last_64_and_at_most_80(redis_server):
+    store, client = open_store(redis_server.url), redis.Redis.from_url(redis_server.url)
+    try:
+        saved = chat_keys('cost', 'long').saved
+        lengths = []
+        for _ in range(10):
+            chat_calls(store, 'long', 13)
+            lengths.append(client.llen(saved))
+    finally:
+        store.close()
+        client.close()
+    assert lengths[:4] == [13, 26, 39, 52]
+    assert all(SAVED_TOKENS <= n <= SAVED_TOKENS + 16 for n in lengths[5:]), lengths
