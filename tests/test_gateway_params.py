@@ -42,6 +42,8 @@ SAMPLES = {
     RESPONSES: {
         'temperature': {'temperature': 0.5}, 'top_p': {'top_p': 0.5}, 'max_output_tokens': {'max_output_tokens': 99},
         'reasoning': {'reasoning': {'effort': 'low'}}, 'text': {'text': {'format': {'type': 'json_object'}}},
+        'text.format.json_schema': {'text': {'format': {'type': 'json_schema', 'name': 'order', 'schema': {
+            'type': 'object', 'properties': {'id': {'type': 'string'}}}}}},
         'truncation': {'truncation': 'auto'}, 'user': {'user': 'u-1'}, 'safety_identifier': {'safety_identifier': 's'},
         'prompt_cache_key': {'prompt_cache_key': 'k'}, 'service_tier': {'service_tier': 'flex'},
         'include': {'include': ['message.output_text.logprobs']}, 'top_logprobs': {'top_logprobs': 2},
@@ -63,6 +65,8 @@ SAMPLES = {
         'stop': {'stop': ['END']}, 'presence_penalty': {'presence_penalty': 0.5},
         'frequency_penalty': {'frequency_penalty': 0.5}, 'seed': {'seed': 7},
         'response_format': {'response_format': {'type': 'json_object'}}, 'reasoning_effort': {'reasoning_effort': 'low'},
+        'response_format.json_schema': {'response_format': {'type': 'json_schema', 'json_schema': {
+            'name': 'order', 'schema': {'type': 'object', 'properties': {'id': {'type': 'string'}}}}}},
         'user': {'user': 'u-1'}, 'safety_identifier': {'safety_identifier': 's'}, 'prompt_cache_key': {'prompt_cache_key': 'k'},
         'service_tier': {'service_tier': 'flex'}, 'logprobs': {'logprobs': True}, 'top_logprobs': {'top_logprobs': 2},
         'logit_bias': {'logit_bias': {'12': 1}}, 'modalities': {'modalities': ['text', 'audio']},

@@ -128,9 +128,15 @@ def test_unsupported_items_are_refused_naming_the_item():
     with pytest.raises(GatewayError) as arguments:
         items.from_responses_input([{'type': 'function_call', 'call_id': 'c', 'name': 'f', 'arguments': '[1]'}])
     assert arguments.value.param == 'input[0].arguments'
+    with pytest.raises(GatewayError) as audio:
+        items.from_responses_input([{'role': 'user', 'content': [{'type': 'input_audio', 'input_audio': {}}]}])
+    assert audio.value.param == 'input[0].content[0].type'
     with pytest.raises(GatewayError) as image:
         items.from_responses_input([{'role': 'user', 'content': [{'type': 'input_image', 'image_url': 'x'}]}])
-    assert image.value.param == 'input[0].content[0].type'
+    assert image.value.param == 'input[0].content[0].image_url' and 'http or https' in str(image.value)
+    with pytest.raises(GatewayError) as not_user:
+        items.from_responses_input([{'role': 'system', 'content': [{'type': 'input_image', 'image_url': 'x'}]}])
+    assert not_user.value.param == 'input[0].content[0].type' and 'user messages only' in str(not_user.value)
 
 
 def test_an_output_must_answer_a_call_of_the_assistant_before_it():

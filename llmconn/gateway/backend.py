@@ -11,6 +11,11 @@ or parses a provider body. The events are the public ones: ``thinking`` and
 ``text`` deltas, then one ``done`` whose ``reply`` is the backend's answer,
 whole.
 
+A user message's images and files are the turn's ``attachments``, and a
+json_schema format on a backend that answers ``schema=`` natively is the
+call's ``schema`` (:data:`llmconn.gateway.values.SCHEMA` in ``params``), so
+both take the library's own path and checks.
+
 Function tools go to the provider as manual tools (the gateway never runs
 them); a conversation that ends with function outputs is sent as the turn
 in progress (``CallSpec.items``: the backend's own calls with their
@@ -26,7 +31,7 @@ from typing import Any, Iterator
 
 from llmconn import items as mod_items
 from llmconn.errors import GatewayError
-from llmconn.gateway import limits
+from llmconn.gateway import limits, values
 from llmconn.gateway.items import Conversation
 from llmconn.providers.base import SYSTEM
 from llmconn.types import CallSpec, Event, drain
@@ -69,13 +74,16 @@ def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
     if conversation.system and SYSTEM not in conn.provider.capabilities:
         raise GatewayError(f'instructions and system messages are not supported with a {kind(conn)} backend',
                            param='instructions', code='unsupported_field')
+    params = dict(params)
+    schema = params.pop(values.SCHEMA, None)       # json_schema asked of a backend that takes schema= (Claude, Gemini)
     chain = {'previous_response_id': previous_response_id} if previous_response_id else {}
     if previous_response_id and conversation.items and not conversation.turns and not conversation.text:
         chain['continuation'] = True        # the backend's chain holds the calls; only the outputs go
     return limits.settled(conn, conn.run(CallSpec(
         conversation.text, params=params, stream=stream, tools=list(tools) or None, system=conversation.system,
         history=tuple(conversation.turns), items=tuple(conversation.items), tag=conversation.tag,
-        hosted=tuple(hosted), chain=chain, stateless=not store, run_tools=False, key_id=key_id)))
+        hosted=tuple(hosted), chain=chain, stateless=not store, run_tools=False, key_id=key_id, schema=schema,
+        attachments=list(conversation.attachments) or None)))
 
 
 def answer(events: Iterator[Event]) -> Any:

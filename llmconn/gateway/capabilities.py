@@ -167,14 +167,19 @@ def _passed(name: str, kinds: tuple, loss: str) -> dict[str, Support]:
 
 
 _OPENAI_KINDS = ('openai-responses', 'openai')
+# A json_schema format on a backend that answers a call's schema= natively (llmconn.structured): the schema
+# made strict, the answer validated against it (one that does not validate is a failed call).
+_SCHEMA_NATIVE = '{} (the call\'s schema=: made strict, the answer validated)'
 
 
 _STRUCTURAL_RESPONSES = [
     Field('model', _same(NATIVE, 'names a connection'), structural=True),
     Field('input', _but(_same(NATIVE, 'text, message, function_call and function_call_output items, '
                                       'custom_tool_call and custom_tool_call_output items (openai-responses '
-                                      'only), and reasoning items (kept for their encrypted_content); images and '
-                                      'files are refused; a system '
+                                      'only), reasoning items (kept for their encrypted_content), and '
+                                      'input_image / input_file parts of user messages (a data: URL or an http(s) '
+                                      'URL; file_id is refused) as the turn\'s attachments, sent as the backend\'s '
+                                      'own parts where it takes their type; a system '
                                       'message after the first turn or two of one role in a row are the losses '
                                       'system_messages_hoisted and messages_merged'),
                         template=Support(NATIVE, _NO_TOOL_ITEMS)),
@@ -217,6 +222,14 @@ RESPONSES_FIELDS: dict[str, Field] = {f.name: f for f in _STRUCTURAL_RESPONSES +
         'claude': Support(UNSUPPORTED, loss='output_format_not_enforced'),
         'gemini': Support(UNSUPPORTED, loss='output_format_not_enforced'),
         TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'output_format_not_enforced')}, trivial=values.is_text_format),
+    Field('text.format.json_schema', {
+        'openai-responses': Support(NATIVE, to_params=lambda fmt: {'text': {'format': fmt}}),
+        'openai': Support(EMULATED, 'as response_format', to_params=lambda fmt: values.chat_format({'format': fmt})),
+        'claude': Support(NATIVE, _SCHEMA_NATIVE.format('output_config.format'), to_params=values.schema_of),
+        'gemini': Support(NATIVE, _SCHEMA_NATIVE.format('generationConfig.responseJsonSchema'),
+                          to_params=values.schema_of),
+        TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'output_format_not_enforced')},
+          part_of=values.json_schema_format),
     Field('truncation', {'openai-responses': Support(NATIVE, to_params=values.param('truncation')),
                          **{k: Support(UNSUPPORTED, loss='no_auto_truncation')
                             for k in ('openai', 'claude', 'gemini', TEMPLATE)}},
@@ -256,8 +269,10 @@ RESPONSES_FIELDS: dict[str, Field] = {f.name: f for f in _STRUCTURAL_RESPONSES +
 
 CHAT_FIELDS: dict[str, Field] = {f.name: f for f in [
     Field('model', _same(NATIVE, 'names a connection'), structural=True),
-    Field('messages', _but(_same(NATIVE, 'text messages, assistant tool_calls and tool messages; images and audio '
-                                         'are refused'),
+    Field('messages', _but(_same(NATIVE, 'text messages, assistant tool_calls and tool messages; image_url and '
+                                         'file parts of user messages (a data: URL, or an image\'s http(s) URL; '
+                                         'file_id is refused) as the turn\'s attachments, sent as the backend\'s '
+                                         'own parts where it takes their type; audio is refused'),
                            template=Support(NATIVE, 'text messages only: assistant tool_calls and tool messages are '
                                                     'refused (no tools)')),
           structural=True),
@@ -289,7 +304,16 @@ CHAT_FIELDS: dict[str, Field] = {f.name: f for f in [
         'claude': Support(UNSUPPORTED, loss='output_format_not_enforced'),
         'gemini': Support(UNSUPPORTED, loss='output_format_not_enforced'),
         TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'output_format_not_enforced')},
-          trivial=lambda v: v is None or (v or {}).get('type') == 'text'),
+          trivial=values.is_plain_response_format),
+    Field('response_format.json_schema', {
+        'openai': Support(NATIVE, to_params=values.param('response_format')),
+        'openai-responses': Support(EMULATED, 'as text.format', to_params=values.responses_format),
+        'claude': Support(NATIVE, _SCHEMA_NATIVE.format('output_config.format'),
+                          to_params=lambda fmt: values.schema_of(fmt.get('json_schema'))),
+        'gemini': Support(NATIVE, _SCHEMA_NATIVE.format('generationConfig.responseJsonSchema'),
+                          to_params=lambda fmt: values.schema_of(fmt.get('json_schema'))),
+        TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'output_format_not_enforced')},
+          part_of=values.json_schema_response_format),
     Field('reasoning_effort', {
         'openai': Support(NATIVE, to_params=values.param('reasoning_effort')),
         'openai-responses': Support(EMULATED, 'reasoning.effort', to_params=lambda v: {'reasoning': {'effort': v}}),

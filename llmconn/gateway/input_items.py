@@ -6,7 +6,8 @@ in the order it was sent, not the items of the responses it continued
 is rendered once, when the record is written, so a read does no work and
 returns the same item ids every time:
 
-    message (user, system, developer)   msg_<digest>   content: one input_text part
+    message (user, system, developer)   msg_<digest>   content: its input_image / input_file parts, then
+                                                       one input_text part
     message (assistant)                 msg_<digest>   content: one output_text part
     function_call                       fc_<call id>   the id the gateway gave it as an output item
     function_call_output                fco_<digest>
@@ -29,6 +30,7 @@ import hashlib
 from urllib.parse import parse_qsl
 
 from llmconn.errors import GatewayError
+from llmconn.gateway import parts
 from llmconn.gateway.echo import param as echo_param, shown
 from llmconn.gateway.tools import function_call_item
 
@@ -64,8 +66,10 @@ def _item(response_id: str, index: int, item: dict) -> dict:
         part = {'type': 'output_text', 'text': item['text'], 'annotations': []}
     else:
         part = {'type': 'input_text', 'text': item['text']}
+    content = [parts.listed(kept) for kept in item.get('attachments') or ()]
+    content += [part] if item['text'] or not content else []
     return {'id': 'msg_' + _digest(response_id, index), 'type': 'message', 'role': item['role'],
-            'status': 'completed', 'content': [part]}
+            'status': 'completed', 'content': content}
 
 
 def parse_query(query_string: str) -> dict:

@@ -5,7 +5,8 @@ The gateway keeps a conversation as a list of plain dicts (typed as the
 :class:`ReasoningInput` TypedDicts), whatever the route or backend::
 
     {"type": "message", "role": "user" | "assistant" | "system" | "developer", "text": str,
-     "opaque": {"tag": "claude/<model>/<mode>", "items": [...]}}    # assistant only, optional
+     "opaque": {"tag": "claude/<model>/<mode>", "items": [...]},    # assistant only, optional
+     "attachments": [...]}      # user only, optional: its images and files (llmconn.gateway.parts)
 
 ``opaque`` holds the provider's own items: the answer's canonical
 :mod:`llmconn.items` (thinking blocks, Responses reasoning, function calls
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from llmconn.errors import GatewayError
-from llmconn.gateway import summary_item
+from llmconn.gateway import parts, summary_item
 from llmconn.gateway.echo import shown
 
 MAX_TEXT_CHARS = 1_000_000          # as a connection's own limit on one message
@@ -71,7 +72,11 @@ class _Said(TypedDict, total=False):
     message: str            # the Chat message an item came from (its calls are one answer)
 
 
-class MessageItem(_Said):
+class _Attached(_Said, total=False):
+    attachments: list       # a user message's images and files, as llmconn.gateway.parts keeps them
+
+
+class MessageItem(_Attached):
     type: str               # 'message'
     role: str
     text: str
@@ -105,12 +110,15 @@ class Conversation:
     text: str
     items: tuple = ()       # the turn in progress: calls and their outputs (canonical llmconn items)
     tag: str = ''           # whose natives ``items`` hold
+    attachments: tuple = ()     # the new user message's (llmconn.Attachment)
 
 
-def message(role: str, text: str, opaque: Opaque | None = None) -> MessageItem:
+def message(role: str, text: str, opaque: Opaque | None = None, attachments: list | None = None) -> MessageItem:
     item: MessageItem = {'type': 'message', 'role': role, 'text': text}
     if opaque:
         item['opaque'] = opaque
+    if attachments:
+        item['attachments'] = attachments
     return item
 
 
@@ -129,20 +137,32 @@ def check_text(text: Any, where: str) -> str:
 
 
 def _content_text(content: Any, where: str) -> str:
-    """A message's content: a string, or a list of text parts (images and files are refused)."""
+    """Content that can hold only text: a string, or a list of text parts."""
+    text, _ = _content(content, where, files=False)
+    return text
+
+
+def _content(content: Any, where: str, files: bool) -> tuple[str, list]:
+    """A message's content: its text, and (``files``: a user message) its image and file parts."""
     if isinstance(content, str):
-        return check_text(content, where)
+        return check_text(content, where), []
     if not isinstance(content, list):
         raise GatewayError(f'{where} must be a string or a list of content parts', param=where)
-    texts = []
+    texts, attached = [], []
     for index, part in enumerate(content):
         here = f'{where}[{index}]'
         kind = part.get('type') if isinstance(part, dict) else None
+        if files and parts.is_part(part):
+            attached.append(parts.read(part, here))
+            continue
         if kind not in _TEXT_PARTS:
+            also = 'text, and images and files in user messages' if files else 'text only'
+            if parts.is_part(part):
+                also = 'images and files go in user messages only'
             raise GatewayError(f'{here}: content part type {shown(kind)} is not supported through the gateway '
-                               f'(text only)', param=f'{here}.type', code='unsupported_field')
+                               f'here ({also})', param=f'{here}.type', code='unsupported_field')
         texts.append(check_text(part.get('text'), f'{here}.text'))
-    return ''.join(texts)
+    return ''.join(texts), attached
 
 
 def _message_item(raw: Any, where: str) -> dict:
@@ -165,7 +185,8 @@ def _message_item(raw: Any, where: str) -> dict:
     role = raw.get('role')
     if role not in ROLES:
         raise GatewayError(f'{where}.role must be one of {", ".join(ROLES)}', param=f'{where}.role')
-    return message(role, _content_text(raw.get('content'), f'{where}.content'))
+    text, attached = _content(raw.get('content'), f'{where}.content', files=role == 'user')
+    return message(role, text, attachments=attached)
 
 
 def _call_id(call_id: Any, where: str) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from llmconn import items as canon
 from llmconn.errors import GatewayError
+from llmconn.gateway import parts
 from llmconn.gateway.echo import shown, shown_all
 from llmconn.gateway.items import CALL_TYPES, MERGE_SEPARATOR, OUTPUT_TYPES, SYSTEM_ROLES, Conversation
 from llmconn.gateway.policy import Policy, Resolution, check_loss
@@ -51,7 +52,7 @@ def to_conversation(items: list[dict], instructions: str, policy: Policy, resolu
         elif item['role'] == 'assistant':
             _assistant_steps(chat, *_said(item), policy, resolution, merge=True)
         else:
-            _user(chat, item['text'], policy, resolution)
+            _user(chat, item['text'], item.get('attachments') or [], policy, resolution)
     return _conversation(MERGE_SEPARATOR.join(system), chat)
 
 
@@ -116,15 +117,16 @@ def _answer(chat: list, item: dict) -> None:
     last['steps'].append(canon.output(item['call_id'], item['output'], name=waiting[item['call_id']]))
 
 
-def _user(chat: list, text: str, policy: Policy, resolution: Resolution) -> None:
+def _user(chat: list, text: str, attached: list, policy: Policy, resolution: Resolution) -> None:
     if chat and chat[-1]['role'] == 'assistant':
         _unanswered(chat[-1])
     if chat and chat[-1]['role'] == 'user':
         check_loss(resolution, policy, 'input', 'messages_merged',
                    'two user messages in a row cannot be sent separately on this backend')
-        chat[-1] = {'role': 'user', 'text': chat[-1]['text'] + MERGE_SEPARATOR + text}
+        chat[-1] = {'role': 'user', 'text': chat[-1]['text'] + MERGE_SEPARATOR + text,
+                    'attachments': chat[-1]['attachments'] + attached}
     else:
-        chat.append({'role': 'user', 'text': text})
+        chat.append({'role': 'user', 'text': text, 'attachments': list(attached)})
 
 
 def _conversation(system: str, chat: list) -> Conversation:
@@ -144,7 +146,11 @@ def _conversation(system: str, chat: list) -> Conversation:
     elif not chat[-1]['text'].strip():
         raise GatewayError('the last user message is empty; send the user\'s text', param='input')
     turns = tuple(_turn(user, assistant) for user, assistant in zip(chat[0:-1:2], chat[1:-1:2]))
-    return Conversation(system, turns, chat[-1]['text'], items=items, tag=tag)
+    return Conversation(system, turns, chat[-1]['text'], items=items, tag=tag, attachments=_attachments(chat[-1]))
+
+
+def _attachments(user: dict) -> tuple:
+    return tuple(parts.attachment(kept) for kept in user.get('attachments') or ())
 
 
 def _turn(user: dict, assistant: dict) -> Turn:
@@ -152,4 +158,4 @@ def _turn(user: dict, assistant: dict) -> Turn:
     text = canon.final_text(steps)
     plain = len(steps) == 1 and steps[0]['kind'] == canon.TEXT and 'native' not in steps[0]
     return Turn(user=user['text'], assistant=text, items=() if plain else tuple(steps),
-                tag=assistant['tag'] if not plain else '')
+                tag=assistant['tag'] if not plain else '', attachments=_attachments(user))

@@ -27,6 +27,33 @@ def stop_list(value: Any) -> list:
     return [value] if isinstance(value, str) else list(value or ())
 
 
+# The params key under which a json_schema format goes to a backend as the call's schema= (not a body field).
+SCHEMA = 'llmconn.schema'
+
+
+def schema_of(fmt: Any) -> dict:
+    """A Responses json_schema ``text.format`` as the call's ``schema=`` (its JSON Schema)."""
+    return {SCHEMA: (fmt or {}).get('schema') or {}}
+
+
+def json_schema_format(body: dict) -> Any:
+    """The Responses ``text.format`` when it is a json_schema one (None otherwise)."""
+    text = body.get('text')
+    fmt = text.get('format') if isinstance(text, dict) else None
+    return fmt if isinstance(fmt, dict) and fmt.get('type') == 'json_schema' else None
+
+
+def json_schema_response_format(body: dict) -> Any:
+    """The Chat Completions ``response_format`` when it is a json_schema one (None otherwise)."""
+    fmt = body.get('response_format')
+    return fmt if isinstance(fmt, dict) and fmt.get('type') == 'json_schema' else None
+
+
+def is_plain_response_format(value: Any) -> bool:
+    """``response_format`` asking for plain text, or for json_schema (a row of its own)."""
+    return value is None or (isinstance(value, dict) and value.get('type') in ('text', 'json_schema'))
+
+
 def chat_format(text: Any) -> dict:
     """Responses ``text.format`` as Chat Completions ``response_format``."""
     fmt = dict((text or {}).get('format') or {})
@@ -45,11 +72,12 @@ def responses_format(fmt: Any) -> dict:
 
 
 def is_text_format(value: Any) -> bool:
-    """``text`` asking for no format but plain text (the default); its verbosity is a row of its own."""
+    """``text`` asking for no format but plain text (the default); its verbosity and a json_schema
+    format are rows of their own."""
     if not isinstance(value, dict):
         return not value
     fmt = value.get('format')
-    return not fmt or (isinstance(fmt, dict) and fmt.get('type', 'text') == 'text')
+    return not fmt or (isinstance(fmt, dict) and fmt.get('type', 'text') in ('text', 'json_schema'))
 
 
 def inside(name: str, key: str) -> Callable[[dict], Any]:
