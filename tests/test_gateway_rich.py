@@ -145,3 +145,16 @@ def test_json_object_is_still_refused_on_claude_and_gemini(gw, model):
     with pytest.raises(openai.BadRequestError) as refused:
         gw.client().responses.create(model=model, input='hi', text={'format': {'type': 'json_object'}})
     assert refused.value.body['param'] == 'text'
+
+
+@pytest.mark.parametrize('model, said, code', [
+    (model, said, 'structured_output_invalid') for model in ('Claude', 'Gemini')
+    for said in ('answer: not json at all', 'answer: {"order_id": 5}')] + [
+    ('Claude', 'refuse: not an order I can read', 'structured_output_refused')])   # Gemini has no refusal
+def test_an_answer_outside_the_schema_is_a_clear_error(gw, model, said, code):
+    fmt = {'type': 'json_schema', 'name': 'order', 'schema': ORDER, 'strict': True}
+    with pytest.raises(openai.APIStatusError) as failed:
+        gw.client().responses.create(model=model, input=said, text={'format': fmt})
+    assert failed.value.status_code == 502 and failed.value.body['code'] == code, failed.value.body
+    if code == 'structured_output_refused':
+        assert 'not an order I can read' in failed.value.body['message']

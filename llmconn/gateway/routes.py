@@ -24,7 +24,7 @@ import weakref
 from typing import Any, Iterable
 
 from llmconn.errors import (GatewayError, InvalidInput, LLMAuthError, LLMConnError, LLMError, LLMRateLimited,
-                            LLMTimeout, StoreError)
+                            LLMTimeout, StoreError, StructuredOutputError)
 from llmconn.gateway import chat_completions, compact, dispatch, forget, input_items, limits, responses, shapes
 from llmconn.gateway.capabilities import CHAT, RESPONSES
 from llmconn.gateway.echo import MAX_PARAM_CHARS, bounded, shown
@@ -195,6 +195,19 @@ def _finite(text: str) -> float:
     return value
 
 
+_REFUSAL_CHARS = 300        # of a refusal's words quoted in the error
+
+
+def _off_schema(e: StructuredOutputError) -> GatewayError:
+    """A json_schema answer a Claude or Gemini backend gave outside the schema (or refused to give)."""
+    if e.refusal:
+        words = e.refusal[:_REFUSAL_CHARS] + ('…' if len(e.refusal) > _REFUSAL_CHARS else '')
+        return GatewayError(f'the model refused to answer in the json_schema format: {words}', 502,
+                            type='server_error', code='structured_output_refused')
+    return GatewayError('the backend\'s answer does not validate against the json_schema format; try again',
+                        502, type='server_error', code='structured_output_invalid')
+
+
 def classify(e: BaseException) -> GatewayError:
     """Any exception as the OpenAI-shaped error a client gets.
 
@@ -212,6 +225,8 @@ def classify(e: BaseException) -> GatewayError:
     if isinstance(e, LLMRateLimited):
         return GatewayError('the backend is rate-limiting or overloaded; try again later', 429,
                             type='rate_limit_error', code='rate_limit_exceeded')
+    if isinstance(e, StructuredOutputError):
+        return _off_schema(e)
     if isinstance(e, LLMAuthError):
         return GatewayError('the backend refused the gateway\'s credentials', 502, type='server_error',
                             code='backend_auth')
