@@ -17,8 +17,8 @@ import jsonschema
 import openai
 import pytest
 
-from conformance_checks import check_completion, check_response
-from gateway_stack import GatewayStack, create
+from conformance_checks import check_completion, check_response, check_stream, post, sse_data
+from gateway_stack import KEYS, GatewayStack, create
 from test_attachments import PDF, PNG
 
 BACKENDS = ('Claude', 'Chat', 'Responses', 'Gemini')
@@ -158,3 +158,17 @@ def test_an_answer_outside_the_schema_is_a_clear_error(gw, model, said, code):
     assert failed.value.status_code == 502 and failed.value.body['code'] == code, failed.value.body
     if code == 'structured_output_refused':
         assert 'not an order I can read' in failed.value.body['message']
+
+
+
+@pytest.mark.parametrize('model', ['Claude', 'Gemini'])
+def test_a_streamed_json_schema_answer_with_an_image_fits_the_schema(gw, model):
+    fmt = {'type': 'json_schema', 'name': 'order', 'schema': ORDER, 'strict': True}
+    answer = post(f'{gw.url()}/responses', KEYS['a'][0], {
+        'model': model, 'stream': True, 'text': {'format': fmt}, 'input': [{'role': 'user', 'content': [
+            {'type': 'input_text', 'text': 'read this order'}, {'type': 'input_image', 'image_url': PNG_URL}]}]})
+    events = [json.loads(data) for data in sse_data(answer)]
+    check_stream(events)
+    final = events[-1]['response']
+    assert final['status'] == 'completed', final
+    jsonschema.validate(json.loads(final['output'][-1]['content'][0]['text']), ORDER)
