@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from llmconn.errors import GatewayError, LLMConnError, StoreError
-from llmconn.gateway import backend, call_registry, items as mod_items, tools as mod_tools
+from llmconn.gateway import backend, call_registry, items as mod_items, limits, tools as mod_tools
 from llmconn.gateway.capabilities import CHAT
 from llmconn.gateway.echo import bounded
 from llmconn.gateway.policy import Policy, resolve
@@ -117,10 +117,11 @@ def stream(gw: Any, call: ChatCall) -> Iterator[bytes]:
     events = _events(call)
     first = next(events)
     return _body(gw, call, ChatChunks(call.id, call.created, call.model, call.include_usage),
-                 itertools.chain([first], events), events)
+                 itertools.chain([first], events), events, limits.current())
 
 
-def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provider: Any) -> Iterator[bytes]:
+def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provider: Any,
+          adm: Any = None) -> Iterator[bytes]:
     ended = False
     try:
         for chunk in chunks.start():
@@ -146,9 +147,11 @@ def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provide
         if not ended:
             logger.info('Completion %s cancelled by the client after %d streamed characters; its usage is '
                         'estimated', call.id, chunks.streamed_chars)
-            # Its call counts as cancelled in the ledger; the tokens it streamed are only estimated here.
-            gw.registry.usage.add_estimate(call.conn.name, call.conn.conf.model, call.key.id,
-                                           estimated_usage(chunks.streamed_chars))
+            # Its call counts as cancelled in the ledger; the tokens it streamed are only estimated here,
+            # and count so against the key's tpm and budget too.
+            usage = estimated_usage(chunks.streamed_chars)
+            limits.estimated(adm, call.conn, usage)
+            gw.registry.usage.add_estimate(call.conn.name, call.conn.conf.model, call.key.id, usage)
 
 
 def _remember(gw: Any, call: ChatCall, reply: Any) -> list:

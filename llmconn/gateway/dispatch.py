@@ -19,8 +19,8 @@ import itertools
 import logging
 from typing import Any, Iterator
 
-from llmconn.errors import LLMConnError, StoreError
-from llmconn.gateway import backend, call_registry, items as mod_items
+from llmconn.errors import LimitExceeded, LLMConnError, StoreError
+from llmconn.gateway import backend, call_registry, items as mod_items, limits
 from llmconn.gateway.echo import bounded
 from llmconn.gateway.reasoning import sealed_answer
 from llmconn.gateway.responses import Call, output_items, record, response_object, usage_object
@@ -45,19 +45,41 @@ def _finished(call: Call, reply: Any) -> tuple[str, str, dict, dict, list]:
     return status, reason, usage, answer, backend.calls(steps)
 
 
-def _started(gw: Any, call: Call, events: Iterator) -> None:
-    """Record the response in progress before the provider is reached: a store outage costs no tokens."""
+def _started(gw: Any, call: Call, events: Iterator, adm: Any) -> None:
+    """Record the response in progress before the provider is reached: a store outage costs no tokens.
+
+    A key with limits is admitted in the same round trip (:mod:`.limits`); refused, the record goes again.
+    """
+    rec = record(call, 'in_progress', None, [])
     try:
-        gw.ledger.save(record(call, 'in_progress', None, []), call.expiry)
+        try:
+            gw.ledger.save(rec, call.expiry, rider=adm.admit_rider() if adm is not None else None)
+        except LimitExceeded:
+            _forget_quietly(gw, call)
+            raise
     except BaseException:
         events.close()          # never started: it leaves the connection's calls in flight now
         raise
 
 
+def _forget_quietly(gw: Any, call: Call) -> None:
+    """A refused response's in_progress record: nobody was given its id."""
+    try:
+        gw.ledger.delete(call.key.tenant, call.id)
+    except StoreError as e:
+        logger.error('Could not remove the record of refused response %s: %s', call.id, e)
+
+
+def _settling(adm: Any) -> Any:
+    """What the ending's record carries for the key's limits: the spend its call (and others) left."""
+    return adm.settle_rider() if adm is not None else None
+
+
 def respond(gw: Any, call: Call) -> dict:
     """A plain (unstreamed) response: record it started, call, record the ending, answer."""
     events = _provider_events(call, False)
-    _started(gw, call, events)
+    adm = limits.current()
+    _started(gw, call, events, adm)
     try:
         reply = backend.answer(events)
     except Exception as e:
@@ -67,24 +89,26 @@ def respond(gw: Any, call: Call) -> dict:
     call_registry.remember_answer(gw, call, answer)
     output = output_items(reply.thinking, reply.text, status, calls, sealed_answer(call.sealer, answer), call.custom)
     gw.ledger.save(record(call, status, usage, output, provider_id=reply.response_id, answer=answer,
-                          reason=reason, calls=calls), call.expiry)
+                          reason=reason, calls=calls), call.expiry, rider=_settling(adm))
     return response_object(call, status, output, usage, reason=reason)
 
 
 def stream(gw: Any, call: Call) -> Iterator[bytes]:
     """The SSE body of a streamed response; the provider is reached (and may refuse) before this returns."""
     events = _provider_events(call, True)
-    _started(gw, call, events)
+    adm = limits.current()
+    _started(gw, call, events, adm)
     try:
         first = next(events)
     except Exception as e:      # refused, unreachable, or failed before its first event: recorded failed
         _record_failure(gw, call, e, [])
         raise
     normalizer = ResponseEvents(response_object(call, 'in_progress', [], None))
-    return _body(gw, call, normalizer, itertools.chain([first], events), events)
+    return _body(gw, call, normalizer, itertools.chain([first], events), events, adm)
 
 
-def _body(gw: Any, call: Call, normalizer: ResponseEvents, events: Iterator, provider: Any) -> Iterator[bytes]:
+def _body(gw: Any, call: Call, normalizer: ResponseEvents, events: Iterator, provider: Any,
+          adm: Any) -> Iterator[bytes]:
     ended = False
     try:
         for event in normalizer.start():
@@ -100,7 +124,7 @@ def _body(gw: Any, call: Call, normalizer: ResponseEvents, events: Iterator, pro
             closing = normalizer.finish(reply.text, response_object(call, status, [], usage, reason=reason),
                                         [call_item(c, call.custom) for c in calls], sealed_answer(call.sealer, answer))
             gw.ledger.save(record(call, status, usage, normalizer.output, provider_id=reply.response_id,
-                                  answer=answer, reason=reason, calls=calls), call.expiry)
+                                  answer=answer, reason=reason, calls=calls), call.expiry, rider=_settling(adm))
             ended = True
             for out in closing:
                 yield sse(out)
@@ -117,14 +141,15 @@ def _body(gw: Any, call: Call, normalizer: ResponseEvents, events: Iterator, pro
             usage = estimated_usage(normalizer.streamed_chars)
             logger.info('Response %s cancelled by the client after %d streamed characters', call.id,
                         normalizer.streamed_chars)
-            _save_quietly(gw, record(call, 'cancelled', usage, normalizer.partial_output()), call)
+            limits.estimated(adm, call.conn, usage)
+            _save_quietly(gw, record(call, 'cancelled', usage, normalizer.partial_output()), call, _settling(adm))
             gw.registry.usage.add_estimate(call.conn.name, call.conn.conf.model, call.key.id, usage)
 
 
-def _save_quietly(gw: Any, rec: dict, call: Call) -> None:
+def _save_quietly(gw: Any, rec: dict, call: Call, rider: Any = None) -> None:
     """Record an ending that has no one left to report a store failure to."""
     try:
-        gw.ledger.save(rec, call.expiry)
+        gw.ledger.save(rec, call.expiry, rider=rider)
     except StoreError as e:
         logger.error('Could not record response %s as %s: %s', call.id, rec['status'], e)
 

@@ -2,77 +2,92 @@
 
 How a request is counted, across every gateway process sharing the Redis:
 
-* Before the call, one script (:data:`llmconn.store.limits.ADMIT`) reads the
-  key's counters and, unless a limit is reached, counts the request in the
-  current minute: the check and the count are one atomic step, so a burst
-  from many processes is admitted exactly ``rpm`` times a minute.
-* After the call, a second script adds its tokens (input + output) to the
-  minute it ended in and its cost (micro-USD, the connection's ``pricing``)
-  to the period. tpm and the budget are therefore counted *after* the call:
-  a request is refused once the minute's tokens reached tpm, or the
-  period's spend reached the budget, so either is overspent by at most the
-  requests already in flight. A stream the client left early adds no tokens.
+* One script (:data:`llmconn.store.limits.ADMIT`) admits it: it reads the
+  key's counters in the current minute and budget period *by Redis's clock*
+  and, unless a limit is reached, counts the request. The check and the
+  count are one atomic step, so a burst from many processes is admitted
+  exactly ``rpm`` times a minute. On the Responses route the script rides
+  the round trip that records the response ``in_progress`` (one pipeline);
+  on Chat Completions it is the request's one extra round trip.
+* What the call spent (input + output tokens to the minute, its cost in
+  micro-USD at the connection's ``pricing`` to the period) is not a round
+  trip of its own. The process keeps it and the next script of the same
+  key adds it first (settle, then admit); the Responses route's final
+  record carries it (same pipeline); anything left is written by a
+  background flush within :data:`SETTLE_INTERVAL`, at once when it brings
+  the key to its tpm or budget as this process last saw them, and at exit.
+  tpm and the budget are therefore counted after the call: a request is
+  refused once the minute's tokens reached tpm, or the period's spend the
+  budget, so either is overspent by at most the requests in flight (and
+  those that ended in the last :data:`SETTLE_INTERVAL`).
+* A stream the client left early counts its estimated tokens (the ones the
+  usage ledger counts for it) and their cost.
 * A key without limits costs no Redis round trip. With limits, Redis down is
-  a 503 (:class:`~llmconn.errors.StoreError`): never unlimited service.
+  a 503 (:class:`~llmconn.errors.StoreError`): never unlimited service. A
+  settlement that cannot be written is kept and written later.
 
 Every answer of a limited key carries OpenAI's ``x-ratelimit-*`` headers.
 """
 
 from __future__ import annotations
 
-import calendar
+import atexit
 import contextvars
 import logging
+import os
+import threading
 import time
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from llmconn.errors import LimitExceeded, StoreError
 from llmconn.pricing import cost_micro_usd
-from llmconn.store.limits import LimitStore, limit_keys
+from llmconn.store.limits import ADMIT_ONE, SETTLE_ONLY, LimitStore, limit_keys
 
 logger = logging.getLogger('llmconn.gateway')
 
 MINUTE_TTL = 120                                    # a minute's counters outlive it, for the one after
 PERIOD_TTL = {'day': 2 * 86400, 'month': 32 * 86400}
-_current: contextvars.ContextVar['Grant | None'] = contextvars.ContextVar('llmconn_limit_grant', default=None)
-_stores: 'weakref.WeakKeyDictionary[Any, LimitStore]' = weakref.WeakKeyDictionary()   # per chat store
+SETTLE_INTERVAL = 0.2                               # s: the longest a call's spend waits in its process
+_current: contextvars.ContextVar['Admission | None'] = contextvars.ContextVar('llmconn_limit_admission',
+                                                                              default=None)
+_limiters: 'weakref.WeakKeyDictionary[Any, Limiter]' = weakref.WeakKeyDictionary()   # per chat store
+_all: 'weakref.WeakSet[Limiter]' = weakref.WeakSet()
 
 
-def period_of(now: float, period: str) -> str:
-    """The budget period ``now`` falls in, in UTC: ``2026-12-01`` or ``2026-12``."""
-    return time.strftime('%Y-%m-%d' if period == 'day' else '%Y-%m', time.gmtime(now))
+class Plan:
+    """What a limited key's scripts send, computed once per key: its counters' names and its limits."""
+
+    __slots__ = ('key', 'keys', 'args')
+
+    def __init__(self, key: Any) -> None:
+        limits = key.limits
+        budget = round(limits.budget_usd * 1_000_000) if limits.budget_usd is not None else 0
+        self.key = key
+        self.keys = limit_keys(key.id)
+        # ARGV[1..6] of ADMIT; the spend to add and whether to admit follow.
+        self.args = (limits.budget_period, limits.rpm or 0, limits.tpm or 0, budget, MINUTE_TTL,
+                     PERIOD_TTL[limits.budget_period])
+
+    def run(self, tokens: int, cost: int, admit: str) -> list:
+        return [*self.args, tokens, cost, admit]
 
 
-@dataclass(slots=True)
 class Grant:
-    """An admitted request of a limited key: where its spend is counted, and its answer's headers."""
+    """An admitted request of a limited key: what the counters said, for its answer's headers."""
 
-    store: LimitStore
-    key: Any
-    keys: tuple[str, str, str]
-    requests: int
-    tokens: int
-    reset: float                    # seconds to the next minute
+    __slots__ = ('plan', 'requests', 'tokens', 'spent', 'reset')
+
+    def __init__(self, plan: Plan, requests: int, tokens: int, spent: int, reset: float) -> None:
+        self.plan = plan
+        self.requests = requests
+        self.tokens = tokens
+        self.spent = spent
+        self.reset = reset                  # seconds to the next minute, by Redis's clock
 
     def headers(self) -> list[tuple[str, str]]:
-        return rate_headers(self.key.limits, self.requests, self.tokens, self.reset)
-
-    def settle(self, conn: Any, usage: dict | None) -> None:
-        """Count what the call spent; a store failure now is logged (the answer is already out)."""
-        usage = usage or {}
-        tokens = int(usage.get('input_tokens') or 0) + int(usage.get('output_tokens') or 0)
-        cost = int(usage.get('cost') or 0) or cost_micro_usd(getattr(conn.conf, 'pricing', None), usage)
-        if not tokens and not cost:
-            return
-        try:
-            self.store.settle(self.keys[1], self.keys[2], tokens, cost, MINUTE_TTL,
-                              PERIOD_TTL[self.key.limits.budget_period])
-        except StoreError as e:
-            logger.error('Could not count %d tokens of gateway key %s against its limits: %s', tokens,
-                         self.key.id, e)
+        return rate_headers(self.plan.key.limits, self.requests, self.tokens, self.reset)
 
 
 def rate_headers(limits: Any, requests: int, tokens: int, reset: float) -> list[tuple[str, str]]:
@@ -88,95 +103,333 @@ def rate_headers(limits: Any, requests: int, tokens: int, reset: float) -> list[
     return headers
 
 
-def _store(registry_store: Any) -> LimitStore:
-    store = _stores.get(registry_store)
-    if store is None:           # a reloaded configuration's new store gets its own scripts
-        store = _stores[registry_store] = LimitStore(registry_store)
-    return store
-
-
-def admit(gw: Any, key: Any, clock: Callable[[], float] = time.time) -> Grant | None:
-    """Count a request of ``key``, or refuse it with 429; None (and no round trip) for a key without limits."""
-    limits = key.limits
-    if not limits.enabled:
-        return None
-    now = clock()
-    minute = int(now // 60)
-    reset = 60 - now % 60
-    keys = limit_keys(key.id, minute, period_of(now, limits.budget_period))
-    store = _store(gw.registry.store)
-    budget = round(limits.budget_usd * 1_000_000) if limits.budget_usd is not None else 0
-    verdict, requests, tokens, spent = store.admit(keys, limits.rpm or 0, limits.tpm or 0, budget, MINUTE_TTL)
-    if verdict == 0:
-        return Grant(store, key, keys, requests, tokens, reset)
+def verdict(plan: Plan, result: list) -> Grant:
+    """The grant of an ADMIT run, or the 429 it says (Retry-After from Redis's clock)."""
+    code, requests, tokens, spent, reset_ms, period_left = (int(x) for x in result[:6])
+    reset = reset_ms / 1000
+    if code == 0:
+        return Grant(plan, requests, tokens, spent, reset)
+    limits = plan.key.limits
     headers = rate_headers(limits, requests, tokens, reset)
-    if verdict == 3:
-        retry = _period_end(now, limits.budget_period) - now
-        raise LimitExceeded(f'You exceeded your current quota: gateway key {key.id!r} spent its '
+    if code == 3:
+        raise LimitExceeded(f'You exceeded your current quota: gateway key {plan.key.id!r} spent its '
                             f'{limits.budget_period}ly budget of ${limits.budget_usd:g} '
                             f'(${spent / 1e6:.2f}); it renews at the start of the next {limits.budget_period} (UTC).',
-                            'insufficient_quota', headers + [('Retry-After', str(int(retry) + 1))])
-    what = (f'requests per minute (RPM): Limit {limits.rpm}, Used {requests}' if verdict == 1 else
+                            'insufficient_quota', headers + [('Retry-After', str(max(1, period_left)))])
+    what = (f'requests per minute (RPM): Limit {limits.rpm}, Used {requests}' if code == 1 else
             f'tokens per minute (TPM): Limit {limits.tpm}, Used {tokens}')
-    raise LimitExceeded(f'Rate limit reached for gateway key {key.id!r} on {what}. '
+    raise LimitExceeded(f'Rate limit reached for gateway key {plan.key.id!r} on {what}. '
                         f'Please try again in {int(reset) + 1}s.', 'rate_limit_exceeded',
                         headers + [('Retry-After', str(int(reset) + 1))])
 
 
-def _period_end(now: float, period: str) -> float:
-    day = now // 86400 * 86400 + 86400
-    if period == 'day':
-        return day
-    t = time.gmtime(now)
-    year, month = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
-    return float(calendar.timegm((year, month, 1, 0, 0, 0)))
+class Limiter:
+    """The limits of one chat store's keys in this process: their plans and the spend not written yet."""
+
+    def __init__(self, redis: LimitStore, interval: float = SETTLE_INTERVAL) -> None:
+        self.redis = redis
+        self.interval = interval
+        self._plans: dict[str, Plan] = {}
+        self._pending: dict[str, list] = {}     # key id -> [plan, tokens, micro-USD]
+        self._lock = threading.Lock()
+        self._flushing = threading.Lock()
+        self._wake = threading.Event()
+        self._urgent = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._failing = False
+        _all.add(self)
+
+    def plan(self, key: Any) -> Plan:
+        plan = self._plans.get(key.id)
+        if plan is None or plan.key is not key:         # a reloaded configuration's key: its own plan
+            plan = self._plans[key.id] = Plan(key)
+        return plan
+
+    # -- the spend kept in this process ----------------------------------------------------------
+
+    def take(self, plan: Plan) -> tuple[int, int]:
+        """The key's spend not written yet, now the caller's to write (or to :meth:`give_back`)."""
+        if not self._pending:
+            return 0, 0
+        with self._lock:
+            entry = self._pending.pop(plan.key.id, None)
+        return (entry[1], entry[2]) if entry is not None else (0, 0)
+
+    def give_back(self, plan: Plan, tokens: int, cost: int) -> None:
+        """A write of ``tokens`` and ``cost`` failed: keep them for the next one."""
+        if tokens or cost:
+            self.add(plan, tokens, cost, False)
+
+    def add(self, plan: Plan, tokens: int, cost: int, urgent: bool) -> None:
+        with self._lock:
+            entry = self._pending.get(plan.key.id)
+            if entry is None:
+                self._pending[plan.key.id] = [plan, tokens, cost]
+            else:
+                entry[1] += tokens
+                entry[2] += cost
+        if self._closed:
+            self.flush()
+            return
+        if self._thread is None:
+            self._start()
+        if urgent:
+            self._urgent.set()
+        self._wake.set()
+
+    # -- the round trips -------------------------------------------------------------------------
+
+    def admit(self, plan: Plan) -> Grant:
+        """Settle the key's kept spend and admit one request: one round trip; 429 or 503 when refused."""
+        tokens, cost = self.take(plan)
+        try:
+            result = self.redis.admit(plan.keys, plan.run(tokens, cost, ADMIT_ONE))
+        except BaseException:
+            self.give_back(plan, tokens, cost)
+            raise
+        return verdict(plan, result)
+
+    def flush(self) -> bool:
+        """Write every key's kept spend in one round trip; True when nothing is left."""
+        with self._flushing:
+            with self._lock:
+                pending, self._pending = self._pending, {}
+            if not pending:
+                return True
+            entries = list(pending.values())
+            try:
+                self.redis.settle_many([(plan.keys, plan.run(tokens, cost, SETTLE_ONLY))
+                                        for plan, tokens, cost in entries])
+            except StoreError as e:
+                for plan, tokens, cost in entries:
+                    self.give_back(plan, tokens, cost)
+                if not self._failing:
+                    logger.warning('Could not count the spend of %d gateway key(s) against their limits, '
+                                   'keeping it to retry: %s', len(entries), e)
+                self._failing = True
+                return False
+            if self._failing:
+                logger.warning('Gateway limits counted again after an outage')
+            self._failing = False
+            return True
+
+    def close(self) -> None:
+        """Stop the flush thread and write what is left."""
+        self._closed = True
+        self._wake.set()
+        self._urgent.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
+        if not self.flush():
+            with self._lock:
+                lost = [(entry[0].key.id, entry[1], entry[2]) for entry in self._pending.values()]
+            for key_id, tokens, cost in lost:
+                logger.error('Gateway key %s: %d tokens and %d micro-USD could not be counted against its '
+                             'limits before closing', key_id, tokens, cost)
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name='llmconn-limits-flusher', daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._wake.wait()
+            self._wake.clear()
+            self._urgent.wait(self.interval)    # more calls end meanwhile: one write for them all
+            self._urgent.clear()
+            if self._closed:
+                return
+            try:
+                if not self.flush():
+                    self._wake.set()            # try again after the next interval
+            except Exception:       # the flusher must outlive any one failure
+                logger.exception('Gateway limits flush failed; will retry')
+                self._wake.set()
+
+    def _after_fork(self) -> None:
+        # The parent's spend is the parent's to write; this child starts empty.
+        self._pending = {}
+        self._lock, self._flushing = threading.Lock(), threading.Lock()
+        self._wake, self._urgent = threading.Event(), threading.Event()
+        self._thread = None
+
+
+def limiter(registry_store: Any, client: Any = None) -> Limiter:
+    """The limiter of a chat store (a reloaded configuration's new store gets its own)."""
+    found = _limiters.get(registry_store)
+    if found is None:
+        found = _limiters[registry_store] = Limiter(LimitStore(registry_store, client))
+    elif client is not None and found.redis.client is not client:
+        found.redis.client = client         # made for a report first: the gateway's requests bring theirs
+    return found
+
+
+class Admission:
+    """A request of a limited key, admitted (``grant``) or not yet; what its call spends is counted here."""
+
+    __slots__ = ('limiter', 'plan', 'grant', 'counted')
+
+    def __init__(self, lim: Limiter, plan: Plan) -> None:
+        self.limiter = lim
+        self.plan = plan
+        self.grant: Grant | None = None
+        self.counted = False
+
+    def admit(self) -> Grant:
+        """Admit the request in a round trip of its own, unless a rider admitted it already."""
+        if self.grant is None:
+            self.grant = self.limiter.admit(self.plan)
+        return self.grant
+
+    def headers(self) -> list[tuple[str, str]]:
+        return self.admit().headers()
+
+    def settle(self, conn: Any, usage: dict | None) -> None:
+        """Count what the call spent (once): kept in the process, written by the next round trip."""
+        grant = self.grant
+        if grant is None or self.counted:
+            return
+        self.counted = True
+        usage = usage or {}
+        tokens = int(usage.get('input_tokens') or 0) + int(usage.get('output_tokens') or 0)
+        cost = int(usage.get('cost') or 0) or cost_micro_usd(getattr(conn.conf, 'pricing', None), usage)
+        if not tokens and not cost:
+            return
+        args = self.plan.args
+        # Near a limit, as this process last saw the counters: written now, so other processes see it.
+        urgent = bool((args[2] and grant.tokens + tokens >= args[2]) or (args[3] and grant.spent + cost >= args[3]))
+        grant.tokens += tokens
+        grant.spent += cost
+        self.limiter.add(self.plan, tokens, cost, urgent)
+
+    # -- riding another round trip (:meth:`llmconn.store.records.RecordStore.save`) -----------
+
+    def admit_rider(self) -> 'Rider | None':
+        """Admission in the pipeline of another write, or None when admitted already."""
+        return None if self.grant is not None else Rider(self, ADMIT_ONE)
+
+    def settle_rider(self) -> 'Rider':
+        """The key's kept spend, written in the pipeline of another write."""
+        return Rider(self, SETTLE_ONLY)
+
+
+class Rider:
+    """One ADMIT run queued on another write's pipeline, carrying the key's kept spend."""
+
+    __slots__ = ('admission', 'mode', 'tokens', 'cost')
+
+    def __init__(self, admission: Admission, mode: str) -> None:
+        self.admission = admission
+        self.mode = mode
+        self.tokens = self.cost = 0
+
+    def queue(self, pipe: Any) -> None:
+        adm = self.admission
+        self.tokens, self.cost = adm.limiter.take(adm.plan)
+        if self.mode == ADMIT_ONE or self.tokens or self.cost:
+            adm.limiter.redis.queue_admit(pipe, adm.plan.keys, adm.plan.run(self.tokens, self.cost, self.mode))
+        else:
+            self.mode = ''          # nothing to write
+
+    def answer(self, results: list) -> None:
+        """The pipeline's answers to what :meth:`queue` added; an admission refused raises its 429."""
+        if not self.mode:
+            return
+        adm = self.admission
+        result = results[0] if results else None
+        if isinstance(result, BaseException):
+            self.failed()
+            if adm.limiter.redis.missing_script(result):     # a new (or restarted) Redis: loaded once, then as usual
+                if self.mode == ADMIT_ONE:
+                    adm.grant = adm.limiter.admit(adm.plan)
+                else:
+                    adm.limiter.redis.load()
+                return
+            if self.mode != ADMIT_ONE:
+                return              # kept for the next write
+            with adm.limiter.redis.boundary():
+                raise result
+        if self.mode == ADMIT_ONE:
+            adm.grant = verdict(adm.plan, result)
+
+    def failed(self) -> None:
+        adm = self.admission
+        adm.limiter.give_back(adm.plan, self.tokens, self.cost)
+        self.tokens = self.cost = 0
+
+
+def admission(gw: Any, key: Any) -> Admission | None:
+    """The admission of a request of ``key``; None (and no round trip) for a key without limits."""
+    if not key.limits.enabled:
+        return None
+    lim = limiter(gw.registry.store, gw.ledger.client)
+    return Admission(lim, lim.plan(key))
 
 
 @contextmanager
-def granted(grant: Grant | None) -> Iterator[None]:
-    """While the route prepares its call, the calls it starts are settled against ``grant``."""
-    token = _current.set(grant)
+def granted(adm: Admission | None) -> Iterator[None]:
+    """While the route prepares its call, the calls it starts are counted against ``adm``."""
+    token = _current.set(adm)
     try:
         yield
     finally:
         _current.reset(token)
 
 
+def current() -> Admission | None:
+    """The admission of the request being prepared (None for a key without limits)."""
+    return _current.get()
+
+
 def settled(conn: Any, events: Iterator) -> Iterator:
-    """``events`` of a call started under a grant, counted against it when they end; else ``events``."""
-    grant = _current.get()
-    if grant is None:
+    """``events`` of a call started under an admission, counted against it when it is done; else ``events``."""
+    adm = _current.get()
+    if adm is None:
         return events
-    return _settling(grant, conn, events)
+    return _settling(adm, conn, events)
 
 
-def _settling(grant: Grant, conn: Any, events: Iterator) -> Iterator:
-    usage = None
+def _settling(adm: Admission, conn: Any, events: Iterator) -> Iterator:
     try:
         for event in events:
-            if event.type == 'done':
-                usage = getattr(event.reply, 'usage', None)
+            if event.type == 'done':        # counted before the route saves its record, which carries it
+                adm.settle(conn, getattr(event.reply, 'usage', None))
             yield event
     finally:
         close = getattr(events, 'close', None)
         if close is not None:
             close()
-        grant.settle(conn, usage)
 
 
-def report(registry: Any, clock: Callable[[], float] = time.time) -> list[dict]:
+def estimated(adm: Admission | None, conn: Any, usage: dict) -> None:
+    """A stream the client left: its estimated tokens (as the usage ledger counts them) and their cost."""
+    if adm is not None:
+        adm.settle(conn, usage)
+
+
+def report(registry: Any) -> list[dict]:
     """Each limited key's use in the current minute and period against its limits (``llmconn usage``, ``/admin``)."""
-    now = clock()
     rows = []
+    lim = limiter(registry.store)
     for key in registry.config.gateway.keys:
         limits = key.limits
         if not limits.enabled:
             continue
-        period = period_of(now, limits.budget_period)
-        requests, tokens, spent = _store(registry.store).read(limit_keys(key.id, int(now // 60), period))
+        requests, tokens, spent, period = lim.redis.read(limit_keys(key.id), limits.budget_period)
         rows.append({'key': key.id, 'requests': requests, 'rpm': limits.rpm, 'tokens': tokens, 'tpm': limits.tpm,
-                     'spent_usd': spent / 1e6, 'budget_usd': limits.budget_usd, 'period': period})
+                     'spent_usd': spent / 1e6, 'budget_usd': limits.budget_usd, 'period': period_name(period)})
     return rows
+
+
+def period_name(period: int) -> str:
+    """A period as the script numbers it (a day since 1970, or YYYYMM) as ``2026-12-01`` or ``2026-12``."""
+    if period > 190000:
+        return f'{period // 100}-{period % 100:02d}'
+    return time.strftime('%Y-%m-%d', time.gmtime(period * 86400))
 
 
 def format_report(rows: list[dict]) -> str:
@@ -188,3 +441,17 @@ def format_report(rows: list[dict]) -> str:
         lines.append(f'{r["key"]:<24} {of(r["requests"], r["rpm"]):>22} {of(r["tokens"], r["tpm"]):>24} '
                      f'{of(r["spent_usd"], r["budget_usd"], "{:.4f}"):>22}  {r["period"]}')
     return '\n'.join(lines)
+
+
+def _forget_parent_state() -> None:
+    for lim in list(_all):
+        lim._after_fork()
+
+
+def _close_at_exit() -> None:
+    for lim in list(_all):
+        lim.close()
+
+
+os.register_at_fork(after_in_child=_forget_parent_state)
+atexit.register(_close_at_exit)

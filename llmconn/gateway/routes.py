@@ -23,8 +23,8 @@ import logging
 import weakref
 from typing import Any, Iterable
 
-from llmconn.errors import (GatewayError, InvalidInput, LLMAuthError, LLMConnError, LLMError, LLMRateLimited,
-                            LLMTimeout, StoreError, StructuredOutputError)
+from llmconn.errors import (GatewayError, InvalidInput, LimitExceeded, LLMAuthError, LLMConnError, LLMError,
+                            LLMRateLimited, LLMTimeout, StoreError, StructuredOutputError)
 from llmconn.gateway import chat_completions, compact, dispatch, forget, input_items, limits, responses, shapes
 from llmconn.gateway.capabilities import CHAT, RESPONSES
 from llmconn.gateway.echo import MAX_PARAM_CHARS, bounded, shown
@@ -97,16 +97,21 @@ def _route(gw: Gateway, key: Any, environ: dict, method: str, route: str) -> tup
         _allow(method, 'POST')
         body = _read_json(environ)
         shapes.check(RESPONSES if route == 'responses' else CHAT, body)
-        grant = limits.admit(gw, key)
-        if grant is None:
+        adm = limits.admission(gw, key)
+        if adm is None:
             return _create(gw, key, route, body)
+        if route != 'responses':
+            adm.admit()         # its own round trip; a Response's rides the write that records it started
         try:
-            with limits.granted(grant):
+            with limits.granted(adm):
                 status, headers, data = _create(gw, key, route, body)
-        except Exception as e:
-            e.rate_headers = grant.headers()        # a refusal after admission carries them too
+        except LimitExceeded:
             raise
-        return status, headers + grant.headers(), data
+        except Exception as e:
+            # Refused before it was admitted (a 404 model): admitted now, so it counts, or is 429, as if first.
+            e.rate_headers = adm.headers()
+            raise
+        return status, headers + adm.headers(), data
     if route == 'responses/compact':
         _allow(method, 'POST')
         return _json(200, compact.compact(gw, key, _read_json(environ)))

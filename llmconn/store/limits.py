@@ -1,10 +1,22 @@
-"""The Redis side of per-key gateway limits (SPEC §18): two scripts, one per end of a call.
+"""The Redis side of per-key gateway limits (SPEC §18): one script that settles, then admits.
 
-A key's counters share one hash tag, so each script touches one slot (a
-cluster runs it too). The minute and the budget period are fixed windows
-named in the counters' keys; every gateway process sharing the Redis counts
-in the same keys, so the limits hold across processes. Redis errors become
-:class:`~llmconn.errors.StoreError` through the store's boundary.
+A key's counters are two hashes under one hash tag (one slot, so a cluster
+runs the script too)::
+
+    llmconn:limits:{<digest of the key id>}:minute    m (minute number), r (requests), t (tokens)
+    llmconn:limits:{<digest of the key id>}:spend     p (period: day number or YYYYMM), s (micro-USD)
+
+The windows are Redis's: the script reads ``TIME``, so every gateway process
+sharing the Redis counts in the same minute and budget period whatever its
+own clock says. A hash whose window is not the current one counts as zero
+and is rewritten by the next write. Redis 7 replicates a script's effects,
+so ``TIME`` before a write is safe (older servers are asked to, as well).
+
+What a call spent is not a round trip of its own: the process keeps it
+(:class:`~llmconn.gateway.limits` decides when) and hands it to the next
+script of the same key, which adds it before it admits, or to a settle-only
+run of the same script. Redis errors become
+:class:`~llmconn.errors.StoreError` through the chat store's boundary.
 """
 
 from __future__ import annotations
@@ -12,87 +24,193 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import NoScriptError
+
 from llmconn.store.keys import KEY_PREFIX
 
 if TYPE_CHECKING:
     from llmconn.store.history import ChatStore
 
-# Admits one request, or says which limit refuses it; counts the request when admitted.
-#   KEYS[1] - requests in this minute, KEYS[2] - tokens in this minute, KEYS[3] - micro-USD spent this period
-#   ARGV[1] - rpm, ARGV[2] - tpm, ARGV[3] - budget in micro-USD (each 0: no such limit),
-#   ARGV[4] - the minute counters' ttl (s)
-# Returns {verdict, requests, tokens, spent}: verdict 0 admitted (requests counts it), 1 rpm reached,
-# 2 tpm reached, 3 budget spent.
-ADMIT = """
-local requests = tonumber(redis.call('GET', KEYS[1]) or '0')
-local tokens = tonumber(redis.call('GET', KEYS[2]) or '0')
-local spent = tonumber(redis.call('GET', KEYS[3]) or '0')
-local rpm, tpm, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-if budget > 0 and spent >= budget then
-    return {3, requests, tokens, spent}
+# Days since 1970-01-01 to the (proleptic Gregorian) year and month, and back to a month's first day.
+_CALENDAR = """
+local function civil(days)                  -- days since 1970-01-01 -> year, month (proleptic Gregorian)
+    local z = days + 719468
+    local era = math.floor(z / 146097)
+    local doe = z - era * 146097
+    local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+    local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+    local mp = math.floor((5 * doy + 2) / 153)
+    local month = mp < 10 and mp + 3 or mp - 9
+    return yoe + era * 400 + (month <= 2 and 1 or 0), month
 end
-if rpm > 0 and requests >= rpm then
-    return {1, requests, tokens, spent}
+local function first_day(year, month)       -- year, month -> days since 1970-01-01 of its first day
+    if month <= 2 then year = year - 1 end
+    local era = math.floor(year / 400)
+    local yoe = year - era * 400
+    local mp = month > 2 and month - 3 or month + 9
+    local doy = math.floor((153 * mp + 2) / 5)
+    return era * 146097 + yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy - 719468
 end
-if tpm > 0 and tokens >= tpm then
-    return {2, requests, tokens, spent}
-end
-requests = redis.call('INCR', KEYS[1])
-if requests == 1 then
-    redis.call('EXPIRE', KEYS[1], ARGV[4])
-end
-return {0, requests, tokens, spent}
 """
 
-# Counts what an admitted request spent, once it ended.
-#   KEYS[1] - tokens in the minute it ended, KEYS[2] - micro-USD spent this period
-#   ARGV[1] - tokens, ARGV[2] - micro-USD, ARGV[3] - the minute's ttl (s), ARGV[4] - the period's ttl (s)
-# Returns 1.
-SETTLE = """
-if tonumber(ARGV[1]) > 0 then
-    redis.call('INCRBY', KEYS[1], ARGV[1])
-    redis.call('EXPIRE', KEYS[1], ARGV[3])
+# The current minute and budget period by Redis's clock, and the key's counters in them.
+#   KEYS[1] - the minute hash, KEYS[2] - the spend hash; ARGV[1] - the period: 'day' or 'month'
+_WINDOWS = """
+if redis.replicate_commands then redis.replicate_commands() end
+""" + _CALENDAR + """
+local now = redis.call('TIME')
+local secs, ms = tonumber(now[1]), math.floor(tonumber(now[2]) / 1000)
+local minute, day = math.floor(secs / 60), math.floor(secs / 86400)
+local period, period_end
+if ARGV[1] == 'day' then
+    period, period_end = day, (day + 1) * 86400
+else
+    local year, month = civil(day)
+    period = year * 100 + month
+    if month == 12 then year, month = year + 1, 1 else month = month + 1 end
+    period_end = first_day(year, month) * 86400
 end
-if tonumber(ARGV[2]) > 0 then
-    redis.call('INCRBY', KEYS[2], ARGV[2])
-    redis.call('EXPIRE', KEYS[2], ARGV[4])
-end
-return 1
+local window = redis.call('HMGET', KEYS[1], 'm', 'r', 't')
+local same_minute = tonumber(window[1]) == minute
+local requests, tokens = 0, 0
+if same_minute then requests, tokens = tonumber(window[2]) or 0, tonumber(window[3]) or 0 end
+local budget_window = redis.call('HMGET', KEYS[2], 'p', 's')
+local same_period = tonumber(budget_window[1]) == period
+local spent = 0
+if same_period then spent = tonumber(budget_window[2]) or 0 end
 """
 
+# Adds what earlier calls of the key spent, then admits one request (or says which limit refuses it).
+#   KEYS as above; ARGV[1] - 'day' or 'month', ARGV[2] - rpm, ARGV[3] - tpm, ARGV[4] - budget in micro-USD
+#   (each 0: no such limit), ARGV[5] - the minute hash's ttl (s), ARGV[6] - the spend hash's ttl (s),
+#   ARGV[7] - tokens to add, ARGV[8] - micro-USD to add, ARGV[9] - '1' to admit, '0' to add only.
+# Returns {verdict, requests, tokens, spent, ms to the next minute, s to the next period, period}:
+# verdict 0 admitted (requests counts it), 1 rpm reached, 2 tpm reached, 3 budget spent.
+ADMIT = _WINDOWS + """
+local add_tokens, add_cost = tonumber(ARGV[7]), tonumber(ARGV[8])
+tokens, spent = tokens + add_tokens, spent + add_cost
+local verdict, counted = 0, 0
+if ARGV[9] == '1' then
+    local rpm, tpm, budget = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+    if budget > 0 and spent >= budget then
+        verdict = 3
+    elseif rpm > 0 and requests >= rpm then
+        verdict = 1
+    elseif tpm > 0 and tokens >= tpm then
+        verdict = 2
+    else
+        counted, requests = 1, requests + 1
+    end
+end
+if counted + add_tokens > 0 then
+    if same_minute then
+        if counted > 0 then redis.call('HINCRBY', KEYS[1], 'r', 1) end
+        if add_tokens > 0 then redis.call('HINCRBY', KEYS[1], 't', ARGV[7]) end
+    else
+        redis.call('HSET', KEYS[1], 'm', minute, 'r', counted, 't', ARGV[7])
+        redis.call('EXPIRE', KEYS[1], ARGV[5])
+    end
+end
+if add_cost > 0 then
+    if same_period then
+        redis.call('HINCRBY', KEYS[2], 's', ARGV[8])
+    else
+        redis.call('HSET', KEYS[2], 'p', period, 's', ARGV[8])
+        redis.call('EXPIRE', KEYS[2], ARGV[6])
+    end
+end
+return {verdict, requests, tokens, spent, 60000 - (secs % 60) * 1000 - ms, period_end - secs, period}
+"""
 
-def limit_keys(key_id: str, minute: int, period: str) -> tuple[str, str, str]:
-    """The counters of gateway key ``key_id``: requests and tokens in ``minute``, spend in ``period``."""
+# The counters now, for ``llmconn usage`` and ``/admin``: {requests, tokens, spent, period}.
+READ = _WINDOWS + """
+return {requests, tokens, spent, period}
+"""
+
+SETTLE_ONLY = '0'
+ADMIT_ONE = '1'
+
+
+def limit_keys(key_id: str) -> tuple[str, str]:
+    """The counters of gateway key ``key_id``: its minute hash and its spend hash."""
     # A digest in the hash tag: a key id may hold braces, which would move the tag.
     tag = hashlib.sha256(key_id.encode('utf-8', 'surrogatepass')).hexdigest()[:24]
     base = f'{KEY_PREFIX}:limits:{{{tag}}}'
-    return f'{base}:rpm:{minute}', f'{base}:tpm:{minute}', f'{base}:spend:{period}'
+    return f'{base}:minute', f'{base}:spend'
+
+
+class Script:
+    """A script run by its sha (EVALSHA), loaded again when the server lost it (a restart, SCRIPT FLUSH)."""
+
+    __slots__ = ('source', 'sha')
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def run(self, client: Any, keys: tuple, args: list) -> Any:
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            client.script_load(self.source)
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+
+    def queue(self, pipe: Any, keys: tuple, args: list) -> None:
+        """Add a run to ``pipe`` (no SCRIPT EXISTS round trip, as redis-py's own pipelined scripts make)."""
+        pipe.evalsha(self.sha, len(keys), *keys, *args)
+
+
+ADMIT_SCRIPT = Script(ADMIT)
+READ_SCRIPT = Script(READ)
 
 
 class LimitStore:
-    """Runs the two scripts through the chat store's client and error boundary."""
+    """Runs the scripts through ``client`` (default the chat store's) and the chat store's error boundary."""
 
-    def __init__(self, store: 'ChatStore') -> None:
+    def __init__(self, store: 'ChatStore', client: Any = None) -> None:
         self._store = store
-        self._scripts: dict[str, Any] = {}
+        self.client = client if client is not None else store.client
 
-    def admit(self, keys: tuple[str, str, str], rpm: int, tpm: int, budget: int, minute_ttl: int) -> list[int]:
-        """``[verdict, requests, tokens, spent]`` (see :data:`ADMIT`)."""
+    def boundary(self) -> Any:
+        return self._store.boundary()
+
+    def admit(self, keys: tuple[str, str], args: list) -> list[int]:
+        """``[verdict, requests, tokens, spent, ms to next minute, s to next period, period]`` (see :data:`ADMIT`)."""
         with self._store.boundary():
-            return [int(x) for x in self._script(ADMIT)(keys=keys, args=[rpm, tpm, budget, minute_ttl])]
+            return ADMIT_SCRIPT.run(self.client, keys, args)
 
-    def settle(self, tokens_key: str, spend_key: str, tokens: int, cost: int, minute_ttl: int,
-               period_ttl: int) -> None:
+    @staticmethod
+    def missing_script(result: Any) -> bool:
+        """A pipelined run's answer that says the server lacked the script."""
+        return isinstance(result, NoScriptError)
+
+    def load(self) -> None:
+        """Load the script (a pipeline that ran it found the server without it)."""
         with self._store.boundary():
-            self._script(SETTLE)(keys=(tokens_key, spend_key), args=[tokens, cost, minute_ttl, period_ttl])
+            self.client.script_load(ADMIT)
 
-    def read(self, keys: tuple[str, str, str]) -> list[int]:
-        """The three counters now (0 for an absent one), for ``llmconn usage`` and ``/admin``."""
+    def queue_admit(self, pipe: Any, keys: tuple[str, str], args: list) -> None:
+        ADMIT_SCRIPT.queue(pipe, keys, args)
+
+    def settle_many(self, runs: list[tuple[tuple[str, str], list]]) -> None:
+        """Settle-only runs of :data:`ADMIT`, all in one round trip (a pipeline)."""
         with self._store.boundary():
-            return [int(x or 0) for x in (self._store.client.get(k) for k in keys)]
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in runs:
+                ADMIT_SCRIPT.queue(pipe, keys, args)
+            results = pipe.execute(raise_on_error=False)
+            if any(isinstance(r, NoScriptError) for r in results):      # the server lost it: once more
+                self.client.script_load(ADMIT)
+                pipe = self.client.pipeline(transaction=False)
+                for (keys, args), r in zip(runs, results):
+                    if isinstance(r, NoScriptError):
+                        ADMIT_SCRIPT.queue(pipe, keys, args)
+                results = pipe.execute(raise_on_error=False)
+            for r in results:
+                if isinstance(r, Exception):
+                    raise r
 
-    def _script(self, source: str) -> Any:
-        script = self._scripts.get(source)
-        if script is None:
-            script = self._scripts[source] = self._store.client.register_script(source)
-        return script
+    def read(self, keys: tuple[str, str], period: str) -> list[int]:
+        """``[requests, tokens, spent, period]`` now (0 for an absent counter)."""
+        with self._store.boundary():
+            return [int(x) for x in READ_SCRIPT.run(self.client, keys, [period])]

@@ -104,9 +104,32 @@ class RecordStore:
         self._client = burst_client(store)
         self._own_pool = self._client is not store.client
 
-    def save(self, record: dict, ttl: float) -> None:
-        """Write ``record`` (with its ``tenant`` and ``id``) whole, expiring in ``ttl`` s."""
-        self.put(response_key(record['tenant'], record['id']), json.dumps(record, ensure_ascii=False), ttl)
+    @property
+    def client(self) -> Any:
+        """The client the records are written with (a gateway request's other writes may share it)."""
+        return self._client
+
+    def save(self, record: dict, ttl: float, rider: Any = None) -> None:
+        """Write ``record`` (with its ``tenant`` and ``id``) whole, expiring in ``ttl`` s.
+
+        ``rider`` (``queue(pipe)``, ``answer(results)``, ``failed()``) adds its
+        own commands to the same round trip: a pipeline, the record's SET first.
+        """
+        key, value = response_key(record['tenant'], record['id']), json.dumps(record, ensure_ascii=False)
+        if rider is None:
+            self.put(key, value, ttl)
+            return
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(key, value, px=max(1, int(ttl * 1000)))
+        rider.queue(pipe)
+        try:
+            results = _run(pipe.execute, False)
+        except BaseException:
+            rider.failed()
+            raise
+        rider.answer(results[1:])
+        if isinstance(results[0], Exception):
+            _run(_raise, results[0])
 
     def get(self, tenant: str, response_id: str) -> dict | None:
         """The record of ``tenant``'s response, or None (unknown, expired, another tenant's, malformed id)."""
@@ -164,6 +187,10 @@ class RecordStore:
 
 def _text(raw: Any) -> str | None:
     return raw.decode('utf-8', 'surrogatepass') if isinstance(raw, bytes) else raw
+
+
+def _raise(e: Exception) -> None:
+    raise e
 
 
 def _run(call: Callable, *args: Any) -> Any:

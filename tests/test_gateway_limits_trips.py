@@ -1,0 +1,223 @@
+"""What a limited gateway request costs Redis, and the windows it counts in (SPEC §18).
+
+The gateway runs in this process (its routes, a registry on a throwaway
+redis-server, the fake provider), so every round trip to Redis is counted
+where redis-py sends it: one ``send_packed_command`` is one round trip,
+a pipeline included. The usage ledger's flusher is parked for the count.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import time
+
+import pytest
+import redis
+import redis.connection
+
+from llmconn.gateway import limits, routes
+from llmconn.registry import Registry
+from llmconn.store.limits import _CALENDAR, limit_keys
+
+N = 6
+KEYS = {
+    'limited': ('sk-gw-trips-limited-secret', {'rpm': 1000, 'tpm': 10_000_000, 'budget_usd': 1000,
+                                                'budget_period': 'month'}),
+    'free': ('sk-gw-trips-free-secret', {}),
+    'daily': ('sk-gw-trips-daily-secret', {'budget_usd': 1000}),
+}
+
+
+@pytest.fixture
+def gateway(redis_server, provider):
+    registry = Registry.from_dict({
+        'redis': {'url': redis_server.url},
+        'gateway': {'keys': [{'id': f'key-{name}', 'secret': secret, 'tenant': 't', 'models': ['*'],
+                              'limits': lim} for name, (secret, lim) in KEYS.items()]},
+        'llm': [{'name': 'Chat', 'provider': 'openai', 'model': 'gpt-4.1', 'address': f'{provider.url}/v1',
+                 'max_retries': 0, 'pricing': {'input': 2, 'output': 8}}],
+    })
+    registry.usage.flush_interval = 3600        # its flusher would add round trips of its own
+    yield registry
+    registry.close()
+
+
+class Trips:
+    """Counts redis-py's round trips (one packed send each) while on."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.sent: list[bytes] = []
+        self.on = False
+        original = redis.connection.AbstractConnection.send_packed_command
+
+        def send(conn, command, check_health=True):
+            if self.on:
+                self.sent.append(b''.join(command) if isinstance(command, list) else command)
+            return original(conn, command, check_health)
+        monkeypatch.setattr(redis.connection.AbstractConnection, 'send_packed_command', send)
+
+    def count(self, fn) -> int:
+        self.sent.clear()
+        self.on = True
+        try:
+            fn()
+        finally:
+            self.on = False
+        return len(self.sent)
+
+
+def request(registry, key: str, route: str, body: dict) -> tuple[int, dict, bytes]:
+    raw = json.dumps(body).encode()
+    environ = {'wsgi.input': io.BytesIO(raw), 'CONTENT_LENGTH': str(len(raw)), 'REQUEST_METHOD': 'POST',
+               'HTTP_AUTHORIZATION': f'Bearer {KEYS[key][0]}'}
+    status, headers, data = routes.handle(registry, environ, 'POST', f'/v1/{route}', 'cid-test')
+    return status, dict(headers), b''.join(data)
+
+
+def chat(registry, key: str, **kw) -> tuple[int, dict, bytes]:
+    return request(registry, key, 'chat/completions',
+                   {'model': 'Chat', 'messages': [{'role': 'user', 'content': 'hello there'}], **kw})
+
+
+def respond(registry, key: str, **kw) -> tuple[int, dict, bytes]:
+    return request(registry, key, 'responses', {'model': 'Chat', 'input': 'hello there', **kw})
+
+
+def counters(redis_server, key_id: str) -> tuple[dict, dict]:
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    minute, spend = limit_keys(key_id)
+    return client.hgetall(minute), client.hgetall(spend)
+
+
+def _park_limits_flusher(registry) -> limits.Limiter:
+    lim = limits.limiter(registry.store)
+    lim.interval = 3600         # what is kept waits for the next round trip of its key
+    return lim
+
+
+@pytest.mark.parametrize('stream', [False, True])
+def test_chat_completions_with_limits_cost_one_round_trip_and_carry_the_last_ones_spend(gateway, monkeypatch,
+                                                                                       redis_server, stream):
+    trips = Trips(monkeypatch)
+    lim = _park_limits_flusher(gateway)
+    extra = {'stream': True} if stream else {}
+    for key in ('free', 'limited'):
+        chat(gateway, key, **extra)                 # connections open, scripts loaded
+    lim.flush()
+
+    def calls(key):
+        for _ in range(N):
+            status, headers, body = chat(gateway, key, **extra)
+            assert status == 200, body
+    assert trips.count(lambda: calls('free')) == 0
+    assert trips.count(lambda: calls('limited')) == N
+    assert all(b'EVALSHA' in sent for sent in trips.sent)
+    # Each ADMIT carried the call before it: the last call's spend waits in the process.
+    window, spend = counters(redis_server, 'key-limited')
+    assert int(window['r']) == N + 1
+    kept = lim._pending['key-limited']
+    assert kept[1] > 0 and kept[2] > 0
+    assert trips.count(lim.flush) == 1            # every key's kept spend: one pipeline
+    window_after, spend_after = counters(redis_server, 'key-limited')
+    assert int(window_after['t']) == int(window['t']) + kept[1]
+    assert int(spend_after['s']) == int(spend['s']) + kept[2]
+    assert not lim._pending
+
+
+def test_responses_with_limits_cost_no_round_trip_more_than_without(gateway, monkeypatch, redis_server):
+    trips = Trips(monkeypatch)
+    lim = _park_limits_flusher(gateway)
+    for key in ('free', 'limited'):
+        respond(gateway, key)
+        respond(gateway, key, stream=True)
+    lim.flush()
+
+    def calls(key, **kw):
+        for _ in range(N):
+            status, headers, body = respond(gateway, key, **kw)
+            assert status == 200, body
+    for kw in ({}, {'stream': True}, {'store': False}):
+        free = trips.count(lambda: calls('free', **kw))
+        assert free == 2 * N, kw                   # the record in_progress, then its ending
+        assert trips.count(lambda: calls('limited', **kw)) == free, kw
+    # Admitted in the in_progress write, settled in the ending's: nothing is left waiting.
+    assert not lim._pending
+    window, spend = counters(redis_server, 'key-limited')
+    assert int(window['r']) == 2 + 3 * N and int(window['t']) > 0 and int(spend['s']) > 0
+
+
+def test_a_responses_refusal_leaves_no_record(gateway, redis_server):
+    client = redis.Redis.from_url(redis_server.url)
+    minute, spend = limit_keys('key-limited')
+    client.hset(spend, mapping={'p': time.strftime('%Y%m', time.gmtime(client.time()[0])), 's': 10**9})
+    before = set(client.scan_iter('llmconn:gw:resp:*'))
+    status, headers, body = respond(gateway, 'limited')
+    assert status == 429 and json.loads(body)['error']['code'] == 'insufficient_quota'
+    assert set(client.scan_iter('llmconn:gw:resp:*')) == before
+
+
+def test_a_kept_spend_is_written_by_the_flusher_within_its_interval(gateway, redis_server):
+    lim = limits.limiter(gateway.store)
+    lim.interval = 0.1
+    chat(gateway, 'limited')
+    deadline = time.time() + 10
+    while lim._pending and time.time() < deadline:
+        time.sleep(0.02)
+    assert not lim._pending
+    window, spend = counters(redis_server, 'key-limited')
+    assert int(window['t']) > 0 and int(spend['s']) > 0
+
+
+def test_a_spend_that_cannot_be_written_is_kept_and_written_later(gateway, redis_server):
+    lim = _park_limits_flusher(gateway)
+    chat(gateway, 'limited')
+    kept = list(lim._pending['key-limited'][1:])
+    redis_server.stop()
+    assert lim.flush() is False
+    assert lim._pending['key-limited'][1:] == kept          # nothing lost
+    status, _, body = chat(gateway, 'limited')
+    assert status == 503 and b'store' in body               # never unlimited service
+    assert lim._pending['key-limited'][1:] == kept          # the ADMIT that carried it failed: kept again
+    redis_server.start()
+    assert lim.flush() is True
+    window, spend = counters(redis_server, 'key-limited')
+    assert int(window['t']) == kept[0] and int(spend['s']) == kept[1]
+
+
+def test_windows_are_redis_clock_not_the_process_clock(gateway, redis_server, monkeypatch):
+    client = redis.Redis.from_url(redis_server.url)
+    now = client.time()[0]
+    minute, spend = limit_keys('key-daily')
+    # Counters of another minute and another day count as nothing, whatever this process's clock says.
+    client.hset(minute, mapping={'m': now // 60 - 1, 'r': 999, 't': 999})
+    client.hset(spend, mapping={'p': now // 86400 - 1, 's': 10**12})
+    monkeypatch.setattr(time, 'time', lambda: now - 86400 * 3)         # a process three days behind
+    status, headers, body = chat(gateway, 'daily')
+    assert status == 200, body
+    assert int(client.hget(minute, 'r')) == 1 and int(client.hget(minute, 'm')) == client.time()[0] // 60
+    # A spend of today by Redis's clock refuses, with Retry-After to Redis's next UTC midnight.
+    client.hset(spend, mapping={'p': now // 86400, 's': 10**12})
+    status, headers, body = chat(gateway, 'daily')
+    assert status == 429 and json.loads(body)['error']['code'] == 'insufficient_quota'
+    left = 86400 - client.time()[0] % 86400
+    assert left - 5 <= int(headers['Retry-After']) <= left + 5
+
+
+def test_the_scripts_calendar_is_the_gregorian_one(redis_server):
+    client = redis.Redis.from_url(redis_server.url)
+    days = list(range(0, 60000, 7)) + [19722, 19723, 19782, 20147, 20148, 11016, 11017, 11074]
+    source = _CALENDAR + '''
+local out = {}
+for i, day in ipairs(ARGV) do
+    local year, month = civil(tonumber(day))
+    out[#out + 1] = year * 100 + month
+    out[#out + 1] = first_day(year, month)
+end
+return out'''
+    got = client.eval(source, 0, *days)
+    for i, day in enumerate(days):
+        date = datetime.date(1970, 1, 1) + datetime.timedelta(days=day)
+        first = (date.replace(day=1) - datetime.date(1970, 1, 1)).days
+        assert got[2 * i:2 * i + 2] == [date.year * 100 + date.month, first], date
