@@ -1,0 +1,290 @@
+"""The gateway's server CPU per request against the floor: a minimal pass-through proxy on the same fake.
+
+How much of the gateway's CPU is the work any proxy must do - read an HTTP
+request, parse its JSON, send it on over a pooled connection, relay the
+answer - and how much is ours? The floor does just that, in its own process,
+with the gateway's own parts: gevent's pywsgi server (as ``llmconn serve``)
+and one urllib3 connection pool (as :mod:`llmconn.transport`). It forwards
+the body it parsed unchanged, to the path it was asked (no translation), and
+relays the provider's bytes: whole, or as the provider's events arrive.
+
+One run starts its own redis-server (a free port, never the machine's), the
+fake provider, one ``llmconn serve`` with the gateway on and the floor, each
+in its own process; this process is the client, ``--clients`` keep-alive
+connections asking one after another. The ways:
+
+    chat               gateway POST /v1/chat/completions, an openai (Chat Completions) backend
+    floor-chat         floor   POST /v1/chat/completions
+    responses          gateway POST /v1/responses, an openai-responses backend
+    floor-responses    floor   POST /v1/responses (the fake's OpenAI Responses endpoint)
+    responses-claude   gateway POST /v1/responses, a Claude backend (for information: no floor of its own)
+
+each plain and streamed (``+sse``). A block is ``--requests`` requests of one
+way; every round runs one block of each way, in an order shuffled anew each
+round, so drift on a shared machine hits every way alike. A block's figure is
+the CPU time (utime + stime, /proc/PID/stat) the answering server process used
+during it, divided by its requests; a way's figure is the median of its
+rounds. The fake's CPU and the client's are not counted. Targets (plain):
+chat ≤ 1.5 × floor-chat, responses ≤ 2 × floor-responses.
+
+    .venv/bin/python bench/bench_floor.py [--quick] [--rounds R] [--requests N] [--clients C]
+
+``--floor-proxy PORT UPSTREAM`` runs the floor itself (how the benchmark starts it).
+"""
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import random  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from urllib.parse import urlsplit  # noqa: E402
+
+import urllib3  # noqa: E402
+from gevent.pool import Pool  # noqa: E402
+
+from common import free_port, start_redis  # noqa: E402
+from llmconn.demo import start_server, stop, wait_until_up  # noqa: E402
+from llmconn.testing.fake_server import FakeProviderServer  # noqa: E402
+
+KEY = 'sk-bench-floor-key'
+ROUNDS = 7
+REQUESTS = 400                  # per block; at CLK_TCK 100 a block of ~1 ms requests reads to ±2.5 %
+CLIENTS = 1
+QUICK = {'rounds': 2, 'requests': 20}
+SETTLE = 0.02                   # seconds after a block before its CPU is read: the last answer's tail
+TARGETS = {'chat': ('floor-chat', 1.5), 'responses': ('floor-responses', 2.0)}
+QUESTION = 'hello gateway'
+POOL_SIZE = 64                  # connections the floor keeps to the fake (at least --clients)
+
+# The floor's forwarding headers: what the transport sends (JSON in and out, keep-alive).
+_FLOOR_HEADERS = {'content-type': 'application/json', 'accept': 'application/json', 'connection': 'keep-alive'}
+
+
+# ---- the floor: parse, forward with one pooled client, relay ------------------------------------
+
+def floor_app(upstream: str):
+    """The floor's WSGI application: each POST's JSON parsed, sent on to ``upstream`` + its path, relayed."""
+    parts = urlsplit(upstream)
+    pool = urllib3.HTTPConnectionPool(parts.hostname, parts.port, maxsize=POOL_SIZE, block=False, retries=False)
+
+    def app(environ: dict, start_response):
+        if environ['REQUEST_METHOD'] != 'POST':         # the start-up probe
+            start_response('404 Not Found', [('Content-Length', '0')])
+            return [b'']
+        length = int(environ.get('CONTENT_LENGTH') or 0)
+        body = json.loads(environ['wsgi.input'].read(length))
+        answer = pool.urlopen('POST', environ['PATH_INFO'], body=json.dumps(body).encode(),
+                              headers=_FLOOR_HEADERS, preload_content=False, release_conn=False,
+                              redirect=False, assert_same_host=False)
+        status = f'{answer.status} {answer.reason}'
+        content_type = answer.headers.get('content-type', 'application/json')
+        if body.get('stream'):
+            start_response(status, [('Content-Type', content_type), ('Cache-Control', 'no-cache')])
+            return _relay(answer)
+        data = answer.read()
+        answer.release_conn()
+        start_response(status, [('Content-Type', content_type), ('Content-Length', str(len(data)))])
+        return [data]
+
+    return app
+
+
+def _relay(answer):
+    """The provider's stream, piece by piece as its bytes arrive."""
+    try:
+        pieces = answer.stream(None) if answer.chunked else iter(lambda: answer.read1(65536), b'')
+        yield from pieces
+    finally:
+        answer.release_conn()
+
+
+def run_floor(port: int, upstream: str) -> int:
+    from gevent.pool import Pool
+    from gevent.pywsgi import WSGIServer
+
+    from llmconn.listener import bind       # the gateway's listening socket: TCP_NODELAY
+    server = WSGIServer(bind('127.0.0.1', port), floor_app(upstream), spawn=Pool(), log=None)
+    server.serve_forever()
+    return 0
+
+
+def start_floor(upstream: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, __file__, '--floor-proxy', str(port), upstream])
+    try:
+        wait_until_up(f'http://127.0.0.1:{port}/health', proc)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc, f'http://127.0.0.1:{port}'
+
+
+# ---- the gateway -----------------------------------------------------------------------------------
+
+def write_config(tmp: Path, fake_url: str, redis_url: str) -> Path:
+    """One gateway key; a Chat Completions, a Responses and a Claude connection, all on the fake."""
+    config = tmp / 'llm.yaml'
+    config.write_text(f'''
+redis: {{url: "{redis_url}"}}
+gateway:
+  keys: [{{id: bench, secret: {KEY}, tenant: bench, models: ["*"]}}]
+llm:
+  - {{name: Chat, provider: openai, model: gpt-4.1, address: "{fake_url}/v1", max_retries: 0, pool_size: {POOL_SIZE}}}
+  - {{name: Responses, provider: openai-responses, model: gpt-4.1, address: "{fake_url}/v1", max_retries: 0,
+     pool_size: {POOL_SIZE}}}
+  - {{name: Claude, provider: claude, model: claude-sonnet-5-5, address: "{fake_url}", max_retries: 0,
+     pool_size: {POOL_SIZE}}}
+''')
+    return config
+
+
+def ways(gateway: str, floor: str) -> dict:
+    """Each way: (server, path, body, headers) - the server being 'gateway' or 'floor'."""
+    auth = {'authorization': f'Bearer {KEY}', 'content-type': 'application/json'}
+    plain = {'content-type': 'application/json'}
+    chat = {'messages': [{'role': 'user', 'content': QUESTION}]}
+    resp = {'input': QUESTION}
+    found = {
+        'chat': ('gateway', '/v1/chat/completions', {'model': 'Chat', **chat}, auth),
+        'floor-chat': ('floor', '/v1/chat/completions', {'model': 'gpt-4.1', **chat}, plain),
+        'responses': ('gateway', '/v1/responses', {'model': 'Responses', **resp}, auth),
+        'floor-responses': ('floor', '/v1/responses', {'model': 'gpt-4.1', **resp}, plain),
+        'responses-claude': ('gateway', '/v1/responses', {'model': 'Claude', **resp}, auth),
+    }
+    for name, (server, path, body, headers) in list(found.items()):
+        found[name + '+sse'] = (server, path, {**body, 'stream': True}, headers)
+    bases = {'gateway': gateway, 'floor': floor}
+    return {name: (server, bases[server] + path, json.dumps(body).encode(), headers)
+            for name, (server, path, body, headers) in found.items()}
+
+
+# ---- measuring -------------------------------------------------------------------------------------
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) process ``pid`` has used so far, from /proc."""
+    fields = Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
+def run_block(pools: list, url: str, body: bytes, headers: dict, count: int) -> None:
+    """``count`` requests over the clients' connections, each read to its end; any non-200 stops the run."""
+    def client(pool, n: int) -> None:
+        for _ in range(n):
+            answer = pool.urlopen('POST', url, body=body, headers=headers, retries=False)
+            if answer.status != 200:
+                raise RuntimeError(f'{url}: HTTP {answer.status} {answer.data[:300]!r}')
+
+    group = Pool(len(pools))
+    share, extra = divmod(count, len(pools))
+    for index, pool in enumerate(pools):
+        group.spawn(client, pool, share + (index < extra))
+    group.join(raise_error=True)
+
+
+def measure(table: dict, pids: dict, rounds: int, count: int, clients: int, seed: int = 7) -> tuple[dict, dict]:
+    """Each way's server CPU seconds per request, one figure per round; and its wall seconds per request."""
+    pools = [urllib3.PoolManager(maxsize=1) for _ in range(clients)]
+    for server, url, body, headers in table.values():      # warm: pools, imports, caches
+        run_block(pools, url, body, headers, max(clients, 20))
+    samples: dict = {name: [] for name in table}
+    walls: dict = {name: [] for name in table}
+    order, shuffle = list(table), random.Random(seed).shuffle
+    for _ in range(rounds):
+        shuffle(order)
+        for name in order:
+            server, url, body, headers = table[name]
+            time.sleep(SETTLE)
+            before, started = cpu_seconds(pids[server]), time.perf_counter()
+            run_block(pools, url, body, headers, count)
+            walls[name].append((time.perf_counter() - started) / count)
+            time.sleep(SETTLE)
+            samples[name].append((cpu_seconds(pids[server]) - before) / count)
+    for pool in pools:
+        pool.clear()
+    return samples, walls
+
+
+def idle_rate(pid: int, seconds: float = 2.0) -> float:
+    """CPU seconds per second process ``pid`` uses with no request (its background loops)."""
+    before = cpu_seconds(pid)
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - before) / seconds
+
+
+def print_table(samples: dict, walls: dict, args: argparse.Namespace, idle: dict) -> dict:
+    """The median CPU ms per request of each way, its spread, and the ratios against the targets."""
+    median = {name: statistics.median(values) * 1000 for name, values in samples.items()}
+    print(f'Server CPU per request, gateway against the floor ({args.rounds} rounds of {args.requests} '
+          f'requests a way, {args.clients} client(s), {os.cpu_count()} cores)')
+    print(f'{"way":>22} {"CPU ms":>8} {"min":>8} {"max":>8} {"wall ms":>8}')
+    for name, values in samples.items():
+        print(f'{name:>22} {median[name]:8.3f} {min(values) * 1000:8.3f} {max(values) * 1000:8.3f} '
+              f'{statistics.median(walls[name]) * 1000:8.3f}')
+    print(f'idle CPU ms per second (counted above): gateway {idle["gateway"] * 1000:.2f}, '
+          f'floor {idle["floor"] * 1000:.2f}')
+    for way, (floor, target) in TARGETS.items():
+        for suffix in ('', '+sse'):
+            ratio = median[way + suffix] / median[floor + suffix] if median[floor + suffix] else float('inf')
+            verdict = ('yes' if ratio <= target else 'NO') if not suffix else 'reported'
+            print(f'{way + suffix:>16} / {floor + suffix:<20} {ratio:5.2f}  target ≤ {target:g}: {verdict}')
+    claude = median['responses-claude'] / median['floor-responses'] if median['floor-responses'] else float('inf')
+    print(f'{"responses-claude":>16} / {"floor-responses":<20} {claude:5.2f}  (information)')
+    return median
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--quick', action='store_true', help='a quick run: a few rounds of a few requests')
+    parser.add_argument('--rounds', type=int, default=ROUNDS, help=f'rounds of every way (default {ROUNDS})')
+    parser.add_argument('--requests', type=int, default=REQUESTS,
+                        help=f'requests per block (default {REQUESTS})')
+    parser.add_argument('--clients', type=int, default=CLIENTS,
+                        help=f'concurrent client connections (default {CLIENTS}, at most {POOL_SIZE})')
+    parser.add_argument('--floor-proxy', nargs=2, metavar=('PORT', 'UPSTREAM'), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.requests = QUICK['rounds'], QUICK['requests']
+    if args.rounds < 1 or args.requests < 1 or not 1 <= args.clients <= POOL_SIZE:
+        parser.error(f'--rounds and --requests must be at least 1, --clients from 1 to {POOL_SIZE}')
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    if args.floor_proxy:
+        return run_floor(int(args.floor_proxy[0]), args.floor_proxy[1])
+    tmp = Path(tempfile.mkdtemp(prefix='bench-floor-'))
+    (tmp / 'services').mkdir()
+    redis_proc, redis_url = start_redis()
+    fake = FakeProviderServer.spawn()
+    gateway = floor = None
+    try:
+        port = free_port()
+        gateway = start_server(write_config(tmp, fake.url, redis_url), tmp / 'services', port,
+                               extra=['--log-level', 'WARNING'])
+        floor, floor_url = start_floor(fake.url)
+        pids = {'gateway': gateway.pid, 'floor': floor.pid}
+        samples, walls = measure(ways(f'http://127.0.0.1:{port}', floor_url), pids, args.rounds, args.requests,
+                          args.clients)
+        idle = {server: idle_rate(pid, 0.5 if args.quick else 2.0) for server, pid in pids.items()}
+    finally:
+        stop(gateway)
+        stop(floor)
+        fake.stop()
+        redis_proc.kill()
+        redis_proc.wait()
+    print_table(samples, walls, args, idle)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
