@@ -138,6 +138,10 @@ class GatewayError(LLMConnError):
         return {'error': {'message': str(self), 'type': self.type, 'param': self.param, 'code': self.code}}
 
 
+class WebSocketClosed(LLMConnError):
+    """The client's WebSocket is closed (it left, idled too long, or broke the protocol): nothing more goes out."""
+
+
 class LimitExceeded(GatewayError):
     """A gateway key's rpm, tpm or budget refuses a request: 429, with ``Retry-After`` and its rate headers."""
 

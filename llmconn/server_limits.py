@@ -20,6 +20,13 @@ closes such connections:
   idle clients cannot starve the others, and the server keeps descriptors
   for Redis and the providers.
 
+A request may take its connection over (a WebSocket upgrade): the callable
+at :data:`TAKEOVER_KEY` in the environ hands it the socket (:class:`TakenOver`),
+after which the handler writes nothing more for it, runs its body to the end
+without sending it (the body does its own writes), and closes the
+connection. While such a connection waits for its client it may be marked
+idle, and so evicted at the limit like a keep-alive connection.
+
 The head is also checked where gevent is lenient: several ``Content-Length``
 headers, or one with ``Transfer-Encoding``, are refused with ``400`` (a
 request-smuggling vector behind proxies), without a traceback in the log.
@@ -34,6 +41,8 @@ import select
 import socket
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
 
 import gevent
 from gevent.monkey import get_original
@@ -46,6 +55,7 @@ logger = logging.getLogger('llmconn.server')
 
 MAX_BODY_BYTES = 10 * 1024 * 1024   # a request body above this is refused with 413
 BODY_TIMEOUT_KEY = 'llmconn.body_timeout'     # environ key: seconds the whole request body may take
+TAKEOVER_KEY = 'llmconn.take_over'  # environ key: () -> TakenOver, the connection for the request's own protocol
 REFUSAL_LOG_INTERVAL = 10.0         # seconds between two log lines about refused connections
 FD_RESERVE = 64                     # descriptors kept free for Redis, providers, deployed files
 _poll = get_original('select', 'poll')      # the real one: a look that must not yield to other greenlets
@@ -83,6 +93,15 @@ class Limits:
             self.refused, self._refusal_logged_at = 0, now
 
 
+@dataclass(frozen=True)
+class TakenOver:
+    """A client connection a request took over: its socket, the bytes already read past the request head."""
+
+    socket: socket.socket
+    buffered: bytes
+    set_idle: Callable[[bool], None]    # True while it waits for its client: evictable at the limit
+
+
 def handler_class(limits: Limits) -> type:
     """A :class:`Handler` subclass bound to ``limits`` (pywsgi instantiates handlers itself)."""
     return type('BoundHandler', (Handler,), {'limits': limits})
@@ -92,6 +111,7 @@ class Handler(WSGIHandler):
     """pywsgi's handler with timeouts, a connection limit and stricter request heads."""
 
     limits: Limits
+    _taken = False
 
     def handle(self) -> None:
         limits = self.limits
@@ -140,7 +160,33 @@ class Handler(WSGIHandler):
     def get_environ(self) -> dict:
         environ = super().get_environ()
         environ[BODY_TIMEOUT_KEY] = self.limits.idle_timeout
+        environ[TAKEOVER_KEY] = self._take_over
         return environ
+
+    def _take_over(self) -> TakenOver:
+        self._taken = True
+        self.close_connection = True        # whatever the request's protocol leaves, HTTP cannot follow
+        sock = self.socket
+        sock.settimeout(0.0)                # only what the head's reads buffered already, never a wait
+        try:
+            buffered = self.rfile.read1(MAX_HEADER_LINE) or b''
+        except (BlockingIOError, OSError):
+            buffered = b''
+        sock.settimeout(self.limits.idle_timeout)
+        return TakenOver(sock, buffered, self._set_idle)
+
+    def _set_idle(self, idle: bool) -> None:
+        if idle:
+            self.limits.idle[self] = None
+        else:
+            self.limits.idle.pop(self, None)
+
+    def process_result(self) -> None:
+        if not self._taken:
+            return super().process_result()
+        for _ in self.result:       # the body runs the protocol and writes to the socket itself
+            pass
+        return None
 
     def has_pending_data(self) -> bool:
         """Whether bytes arrived that the handler has not read yet: a request on its way, not idle."""
