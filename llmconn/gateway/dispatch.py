@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from llmconn.errors import LimitExceeded, LLMConnError, StoreError
 from llmconn.gateway import backend, call_registry, items as mod_items, limits
@@ -93,8 +93,12 @@ def respond(gw: Any, call: Call) -> dict:
     return response_object(call, status, output, usage, reason=reason)
 
 
-def stream(gw: Any, call: Call) -> Iterator[bytes]:
-    """The SSE body of a streamed response; the provider is reached (and may refuse) before this returns."""
+def stream(gw: Any, call: Call, encode: Callable[[dict], Any] = sse) -> Iterator:
+    """The events of a streamed response, each ``encode``-d: by default the SSE body.
+
+    The provider is reached (and may refuse) before this returns. The WebSocket mode
+    (:mod:`llmconn.gateway.responses_ws`) encodes the same events as the text of its messages.
+    """
     events = _provider_events(call, True)
     adm = limits.current()
     _started(gw, call, events, adm)
@@ -104,19 +108,19 @@ def stream(gw: Any, call: Call) -> Iterator[bytes]:
         _record_failure(gw, call, e, [])
         raise
     normalizer = ResponseEvents(response_object(call, 'in_progress', [], None))
-    return _body(gw, call, normalizer, itertools.chain([first], events), events, adm)
+    return _body(gw, call, normalizer, itertools.chain([first], events), events, adm, encode)
 
 
 def _body(gw: Any, call: Call, normalizer: ResponseEvents, events: Iterator, provider: Any,
-          adm: Any) -> Iterator[bytes]:
+          adm: Any, encode: Callable[[dict], Any]) -> Iterator:
     ended = False
     try:
         for event in normalizer.start():
-            yield sse(event)
+            yield encode(event)
         for event in events:
             if event.type != 'done':
                 for out in normalizer.feed(event.type, event.text):
-                    yield sse(out)
+                    yield encode(out)
                 continue
             reply = event.reply
             status, reason, usage, answer, calls = _finished(call, reply)
@@ -127,14 +131,14 @@ def _body(gw: Any, call: Call, normalizer: ResponseEvents, events: Iterator, pro
                                   answer=answer, reason=reason, calls=calls), call.expiry, rider=_settling(adm))
             ended = True
             for out in closing:
-                yield sse(out)
+                yield encode(out)
             return
     except LLMConnError as e:
         ended = True
         closing = normalizer.fail(response_object(call, 'failed', [], None, error=_error(e)))
         _record_failure(gw, call, e, normalizer.output)
         for out in closing:
-            yield sse(out)
+            yield encode(out)
     finally:
         provider.close()        # a client that left closes the provider's stream too
         if not ended:

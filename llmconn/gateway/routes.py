@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import weakref
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 from llmconn.errors import (GatewayError, InvalidInput, LimitExceeded, LLMAuthError, LLMConnError, LLMError,
                             LLMRateLimited, LLMTimeout, StoreError, StructuredOutputError)
@@ -39,6 +39,7 @@ PREFIX = '/v1/'
 _JSON = 'application/json'
 _SSE_HEADERS = [('Content-Type', 'text/event-stream; charset=utf-8'), ('Cache-Control', 'no-cache'),
                 ('X-Accel-Buffering', 'no')]
+T = TypeVar('T')
 _gateways: 'weakref.WeakKeyDictionary[Any, Gateway]' = weakref.WeakKeyDictionary()
 NOT_ENABLED = ('The OpenAI-compatible gateway is not enabled on this server: its llm.yaml configures no '
                'gateway.keys. The operator enables it by adding gateway.keys (see docs/gateway.md).')
@@ -96,22 +97,8 @@ def _route(gw: Gateway, key: Any, environ: dict, method: str, route: str) -> tup
     if route in ('responses', 'chat/completions'):
         _allow(method, 'POST')
         body = _read_json(environ)
-        shapes.check(RESPONSES if route == 'responses' else CHAT, body)
-        adm = limits.admission(gw, key)
-        if adm is None:
-            return _create(gw, key, route, body)
-        if route != 'responses':
-            adm.admit()         # its own round trip; a Response's rides the write that records it started
-        try:
-            with limits.granted(adm):
-                status, headers, data = _create(gw, key, route, body)
-        except LimitExceeded:
-            raise
-        except Exception as e:
-            # Refused before it was admitted (a 404 model): admitted now, so it counts, or is 429, as if first.
-            e.rate_headers = adm.headers()
-            raise
-        return status, headers + adm.headers(), data
+        (status, headers, data), rate = admitted(gw, key, route, body, lambda: _create(gw, key, route, body))
+        return status, headers + rate, data
     if route == 'responses/compact':
         _allow(method, 'POST')
         return _json(200, compact.compact(gw, key, _read_json(environ)))
@@ -136,6 +123,30 @@ def _route(gw: Gateway, key: Any, environ: dict, method: str, route: str) -> tup
                                param='model', code='model_not_found')
         return _json(200, found[0])
     raise GatewayError(f'no gateway route {shown(method)} {shown("/v1/" + route)}', 404, code='not_found')
+
+
+def admitted(gw: Gateway, key: Any, route: str, body: Any, create: Callable[[], T]) -> tuple[T, list]:
+    """``create()`` for a create request of ``route`` whose fields passed, under the key's limits.
+
+    Returns what ``create`` returned and the key's rate headers. The one way in for a create, over
+    HTTP and over a WebSocket (:mod:`llmconn.gateway.responses_ws`).
+    """
+    shapes.check(RESPONSES if route == 'responses' else CHAT, body)
+    adm = limits.admission(gw, key)
+    if adm is None:
+        return create(), []
+    if route != 'responses':
+        adm.admit()         # its own round trip; a Response's rides the write that records it started
+    try:
+        with limits.granted(adm):
+            result = create()
+    except LimitExceeded:
+        raise
+    except Exception as e:
+        # Refused before it was admitted (a 404 model): admitted now, so it counts, or is 429, as if first.
+        e.rate_headers = adm.headers()
+        raise
+    return result, adm.headers()
 
 
 def _create(gw: Gateway, key: Any, route: str, body: Any) -> tuple:
@@ -179,7 +190,11 @@ def _allow(method: str, *allowed: str) -> None:
 
 
 def _read_json(environ: dict) -> Any:
-    raw = read_body(environ)
+    return parse_json(read_body(environ))
+
+
+def parse_json(raw: bytes | str) -> Any:
+    """A request body (or a WebSocket message) as JSON, which has no NaN, Infinity or 1e400."""
     try:
         return json.loads(raw, parse_constant=_not_json, parse_float=_finite)
     except RecursionError:
