@@ -10,6 +10,9 @@
           models: [Support, Coder]      # connection names this key may use; ["*"] for all
           hosted_tools: []              # provider-run tools (web_search, ...) it may ask for
           limits: {rpm: 60, tpm: 100000, budget_usd: 25, budget_period: month}   # each optional
+      websocket:                        # WebSocket mode of /v1/responses (client.responses.connect())
+        idle_timeout: 300               # seconds a socket may wait for its next message
+        max_message_bytes: 10485760     # a larger message closes that socket (close code 1009)
 
 Here, not in :mod:`llmconn.gateway`, so that the core configuration
 (:mod:`llmconn.config`) needs nothing of the gateway's code; finding a
@@ -25,6 +28,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 DEFAULT_RESPONSE_EXPIRY = 30 * 86400   # OpenAI keeps stored responses 30 days
+# An agent's socket waits while its client runs tools between two responses: minutes, not the 30 s an
+# idle HTTP connection gets.
+DEFAULT_WS_IDLE_TIMEOUT = 300.0
+DEFAULT_WS_MAX_MESSAGE_BYTES = 10 * 1024 * 1024     # the HTTP route's body limit (server_limits.MAX_BODY_BYTES)
 ALL_MODELS = '*'
 
 
@@ -106,11 +113,19 @@ class GatewayKey(_Frozen):
         return ALL_MODELS in self.models or model in self.models
 
 
+class WebSocketSettings(_Frozen):
+    """``gateway.websocket``: how long a WebSocket of ``/v1/responses`` may idle, how large a message may be."""
+
+    idle_timeout: float = Field(DEFAULT_WS_IDLE_TIMEOUT, gt=0, le=86400)
+    max_message_bytes: int = Field(DEFAULT_WS_MAX_MESSAGE_BYTES, ge=1024, le=1024 ** 3)
+
+
 class GatewayConfig(_Frozen):
     """The ``gateway:`` section; no keys means the gateway routes answer 404."""
 
     keys: tuple[GatewayKey, ...] = ()
     response_expiry: float = Field(DEFAULT_RESPONSE_EXPIRY, gt=0, le=315_360_000)     # ten years at most
+    websocket: WebSocketSettings = WebSocketSettings()
 
     @model_validator(mode='after')
     def _unique(self) -> 'GatewayConfig':

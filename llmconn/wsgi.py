@@ -238,7 +238,11 @@ _GATEWAY_LABELS = {p: p for p in ('v1/responses', 'v1/chat/completions', 'v1/mod
 
 
 def _gateway(registry: Any, environ: dict, method: str, path: str, cid: str) -> tuple:
-    from llmconn.gateway.routes import handle      # only servers asked for /v1/ load the gateway
+    # Only servers asked for /v1/ load the gateway (and only a WebSocket upgrade its WebSocket mode).
+    if environ.get('HTTP_UPGRADE', '').strip().lower() == 'websocket':
+        from llmconn.gateway.responses_ws import handle
+    else:
+        from llmconn.gateway.routes import handle
     return handle(registry, environ, method, path, cid)
 
 
