@@ -16,7 +16,6 @@ Tracing is off: the SDK would export spans to api.openai.com.
 """
 
 import asyncio
-import json
 
 import httpx2 as httpx     # the HTTP client the openai SDK is built on
 import pytest
@@ -25,26 +24,17 @@ from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResp
 from openai import AsyncOpenAI, BadRequestError
 from openai.types.shared import Reasoning
 
-from gateway_stack import KEYS, GatewayStack
+from agent_backends import ASK, ASK_AGAIN, BACKENDS, Bodies, check_provider_items, gateway, order
+from gateway_stack import KEYS
 from llmconn.gateway.call_registry import call_key
-from conformance_checks import check_response, check_stream
 
 set_tracing_disabled(True)
-
-# Every backend kind that runs function tools (a template endpoint has no tools), thinking modes too.
-EXTRA = '''  - {name: ClaudePlain, provider: claude, model: claude-sonnet-5-5, address: "FAKE_URL", max_tokens: 2048,
-     max_retries: 0}
-  - {name: GeminiThinking, provider: gemini, model: gemini-2.5-pro, address: "FAKE_URL/v1beta", max_retries: 0,
-     params: {generationConfig: {thinkingConfig: {includeThoughts: true}}}}'''
-BACKENDS = ['Claude', 'ClaudePlain', 'Chat', 'Responses', 'ResponsesLocal', 'Gemini', 'GeminiThinking']
-ASK = 'call get_order {"order_id": "A-17"}'
-ASK_AGAIN = 'call get_order {"order_id": "B-2"}'
 
 
 @function_tool
 def get_order(order_id: str) -> str:
     """Look an order up."""
-    return f'order {order_id} shipped'
+    return order(order_id)
 
 
 @function_tool
@@ -53,30 +43,9 @@ def find_order(customer: str) -> str:
     return 'call get_order {"order_id": "C-3"}'
 
 
-class Bodies:
-    """What the gateway answered on /v1/responses, each body and event checked as it arrives."""
-
-    def __init__(self) -> None:
-        self.responses: list[dict] = []
-        self.events: list[dict] = []
-
-    async def hook(self, response: httpx.Response) -> None:
-        if not response.request.url.path.endswith('/responses') or response.status_code != 200:
-            return
-        await response.aread()
-        if response.headers['content-type'].startswith('text/event-stream'):
-            events = [json.loads(line[len('data: '):]) for line in response.text.splitlines()
-                      if line.startswith('data: ')]
-            check_stream(events)
-            self.events += events
-        else:
-            check_response(response.json())
-            self.responses.append(response.json())
-
-
 @pytest.fixture(scope='module')
 def gw():
-    stack = GatewayStack(processes=1, extra_llm=EXTRA)
+    stack = gateway()
     yield stack
     stack.close()
 
@@ -108,35 +77,6 @@ def agent(client, backend: str, chat: bool = False, tools: tuple = (get_order,))
 
 def run(coroutine):
     return asyncio.run(coroutine)
-
-
-PATHS = {'Claude': '/messages', 'ClaudePlain': '/messages', 'Chat': '/chat/completions', 'Gemini': 'enerateContent',
-         'GeminiThinking': 'enerateContent', 'Responses': '/responses', 'ResponsesLocal': '/responses'}
-
-
-def last_body(gw, backend: str) -> dict:
-    return [r for r in gw.fake.requests if r['path'].endswith(PATHS[backend])][-1]['body']
-
-
-def check_provider_items(gw, backend: str, tool_turns: int) -> None:
-    """The last backend request carries ``tool_turns`` tool turns, each with its provider items."""
-    body = last_body(gw, backend)
-    if backend == 'Claude':
-        turns = [m['content'] for m in body['messages'] if m['role'] == 'assistant' and isinstance(m['content'], list)
-                 and any(b['type'] == 'tool_use' for b in m['content'])]
-        assert all(t[0]['type'] == 'thinking' and t[0]['signature'] for t in turns), turns
-    elif backend.startswith('Gemini'):
-        turns = [p for c in body['contents'] if c['role'] == 'model' for p in c['parts'] if 'functionCall' in p]
-        assert all(p.get('thoughtSignature') for p in turns), turns
-    elif backend.startswith('Responses'):
-        # Encrypted reasoning where the gateway keeps the state; the backend's own stored item by id otherwise.
-        kinds = [i.get('type') for i in body['input']]
-        turns = [n for n, k in enumerate(kinds) if k == 'function_call']
-        assert all(kinds[n - 1] == 'reasoning' for n in turns), kinds
-        assert backend == 'Responses' or all(body['input'][n - 1]['encrypted_content'] for n in turns), kinds
-    else:
-        return      # no provider items to carry (Chat, plain Claude)
-    assert len(turns) == tool_turns
 
 
 @pytest.mark.parametrize('backend', BACKENDS)

@@ -34,7 +34,11 @@ when its calls and text are the ones the client sent; a client that changed
 them gets its own items sent, as plain canonical items. The replay rules
 then apply as for any stored turn: natives only to the provider, model and
 mode of the tag, else the turn's opaque items dropped whole. Reasoning
-items without ``encrypted_content`` carry only a summary and are left out;
+items without ``encrypted_content`` carry only a summary and are left out,
+and so is an assistant message that is nothing but thinking in tags
+(``<think>…</think>``): the same summary, written as text by a client that
+sends reasoning back no other way (pydantic-ai's Responses model, for a
+model it does not know as an OpenAI reasoning model);
 a response's items sent back without a sealed one (no ``include`` asked
 for) are found in the tool-call registry by the calls the gateway issued
 (:mod:`llmconn.gateway.call_registry`), as the sealed item would have them.
@@ -46,6 +50,7 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 import secrets
 import weakref
 import zlib
@@ -63,6 +68,8 @@ SECRET_KEY = 'llmconn:gw:reasoning-secret'
 SECRET_BYTES = 32
 MAX_SEALED_BYTES = 8 * 1024 * 1024      # a sealed answer, unpacked; more is not one of ours
 _ASSISTANT_SIDE = ('reasoning', 'function_call', 'custom_tool_call')
+# An assistant message that only replays reasoning as text: one or more <think>…</think> (or <thinking>) blocks.
+_THINKING_ONLY = re.compile(r'(\s*<(think|thinking)>.*?</\2>)+\s*', re.DOTALL)
 _secrets: 'weakref.WeakKeyDictionary[Any, bytes]' = weakref.WeakKeyDictionary()
 
 
@@ -204,7 +211,13 @@ def _sealed(run: list[dict]) -> list[dict]:
 
 
 def _theirs(run: list[dict]) -> list[dict]:
-    return [i for i in run if i['type'] != 'reasoning']
+    """A response's items as the client sent them, less its reasoning (as items, or as text in tags)."""
+    return [i for i in run if i['type'] != 'reasoning' and not _thinking_only(i)]
+
+
+def _thinking_only(item: dict) -> bool:
+    return item['type'] == 'message' and not item.get('attachments') and not item.get('opaque') \
+        and _THINKING_ONLY.fullmatch(item['text']) is not None
 
 
 def _answer(run: list[dict], opener: Sealer | None) -> list[dict]:
