@@ -133,7 +133,7 @@ _TOOL_CHOICE_OK = (None, 'auto')
 
 
 _summary_support = {
-    'openai-responses': Support(NATIVE, 'sent with reasoning'),
+    'openai-responses': Support(NATIVE, 'sent with reasoning', to_params=lambda v: {'reasoning': {'summary': v}}),
     'openai': Support(UNSUPPORTED, 'Chat Completions returns no reasoning summaries', 'no_reasoning_summary'),
     'claude': Support(EMULATED, 'the thinking text of a connection with thinking on'),
     'gemini': Support(EMULATED, 'the thought summaries of a connection that asks for them'),
@@ -215,7 +215,10 @@ RESPONSES_FIELDS: dict[str, Field] = {f.name: f for f in _STRUCTURAL_RESPONSES +
                           to_params=lambda v: {'reasoning_effort': v['effort']} if (v or {}).get('effort') else {}),
         'claude': Support(UNSUPPORTED, 'thinking is set per connection', 'reasoning_settings_ignored'),
         'gemini': Support(UNSUPPORTED, loss='reasoning_settings_ignored'),
-        TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'reasoning_settings_ignored')}),
+        TEMPLATE: Support(UNSUPPORTED, _TEMPLATE_DECIDES, 'reasoning_settings_ignored')},
+          # Only a summary asked for (llm's reasoning_summary) sets nothing the connection decides: the
+          # reasoning.summary row answers for it.
+          trivial=values.only_summary),
     Field('text', {
         'openai-responses': Support(NATIVE, to_params=values.param('text')),
         'openai': Support(EMULATED, 'as response_format', to_params=values.chat_format),

@@ -88,6 +88,12 @@ def inside(name: str, key: str) -> Callable[[dict], Any]:
     return get
 
 
+def only_summary(reasoning: Any) -> bool:
+    """Whether a ``reasoning`` object asks for nothing but a summary (or is absent)."""
+    return reasoning is None or isinstance(reasoning, dict) and \
+        {k for k, v in reasoning.items() if v is not None} <= {'summary', 'generate_summary'}
+
+
 def summary(body: dict) -> Any:
     reasoning = body.get('reasoning')
     return (reasoning.get('summary') or reasoning.get('generate_summary')) if isinstance(reasoning, dict) else None
