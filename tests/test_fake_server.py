@@ -391,6 +391,56 @@ def test_gemini_rejects_bad_contents(http, srv, body):
     assert response.json()['error']['code'] == 400
 
 
+def gemini_calling(config: dict | None, declared: tuple = ('get_order',), text: str = 'call get_order {"id": "7"}'):
+    body = {'contents': [{'role': 'user', 'parts': [{'text': text}]}]}
+    if declared:
+        body['tools'] = [{'functionDeclarations': [{'name': n, 'parameters': {'type': 'object'}} for n in declared]}]
+    if config is not None:
+        body['toolConfig'] = {'functionCallingConfig': config}
+    return body
+
+
+@pytest.mark.parametrize('config', [None, {}, {'mode': 'AUTO'}, {'mode': 'ANY'}, {'mode': 'VALIDATED'},
+                                    {'mode': 'VALIDATED', 'allowedFunctionNames': ['get_order']}])
+def test_gemini_calls_under_each_mode_that_allows_it(http, srv, config):
+    parts = gemini_post(http, srv, gemini_calling(config)).json()['candidates'][0]['content']['parts']
+    assert parts[0]['functionCall'] == {'name': 'get_order', 'args': {'id': '7'}}
+
+
+def test_gemini_calls_nothing_under_none_or_outside_the_allowed_names(http, srv):
+    for config, declared in (({'mode': 'NONE'}, ('get_order',)),
+                             ({'mode': 'ANY', 'allowedFunctionNames': ['get_user']}, ('get_order', 'get_user'))):
+        parts = gemini_post(http, srv, gemini_calling(config, declared)).json()['candidates'][0]['content']['parts']
+        assert parts[0]['text'].startswith('echo: call get_order')
+
+
+@pytest.mark.parametrize('config, declared, says', [
+    ({'mode': 'STRICT'}, ('get_order',), "Invalid value at 'tool_config.function_calling_config.mode'"),
+    ({'mode': 'validated'}, ('get_order',), '"validated"'),
+    ({'mode': 'AUTO', 'allowedFunctionNames': ['get_order']}, ('get_order',), 'only be set when the mode is ANY'),
+    ({'mode': 'ANY', 'allowedFunctionNames': ['get_user']}, ('get_order',), 'must name declared functions'),
+    ({'mode': 'VALIDATED'}, (), 'without function_declarations'),
+    ('VALIDATED', ('get_order',), "Invalid value at 'tool_config.function_calling_config'"),
+])
+def test_gemini_refuses_a_function_calling_config_it_does_not_know(http, srv, config, declared, says):
+    response = gemini_post(http, srv, gemini_calling(config, declared))
+    assert response.status_code == 400 and response.json()['error']['status'] == 'INVALID_ARGUMENT'
+    assert says in response.json()['error']['message']
+
+
+def test_gemini_takes_the_validated_mode_the_provider_sends_for_a_strict_tool(http, srv):
+    from llmconn.tools import Tool
+    from llmconn.types import Request
+    from provider_helpers import make_provider
+    schema = {'type': 'object', 'properties': {'id': {'type': 'string'}}, 'required': ['id'],
+              'additionalProperties': False}
+    body = make_provider('gemini').build_request(Request(text='call get_order {"id": "7"}', tools=(
+        Tool('get_order', 'Look it up', schema, strict=True),)))
+    assert body['toolConfig'] == {'functionCallingConfig': {'mode': 'VALIDATED'}}
+    parts = gemini_post(http, srv, body).json()['candidates'][0]['content']['parts']
+    assert parts[0]['functionCall'] == {'name': 'get_order', 'args': {'id': '7'}}
+
+
 # Strict validation: the SDK clients parse leniently, the models themselves do not.
 
 

@@ -8,6 +8,13 @@ parts without ids, each carrying a ``thoughtSignature`` as thinking models
 give them. As Gemini 3 does, every function call of the current turn (since
 the last user text) must come back with its signature intact, and a
 function-call content must be answered by as many ``functionResponse`` parts.
+
+``toolConfig.functionCallingConfig`` is checked as Gemini checks it: its
+``mode`` one of :data:`CALLING_MODES` (another is the API's 400 for an enum
+value it does not know), ``allowedFunctionNames`` only with ``ANY`` or
+``VALIDATED`` and only of declared functions, and a config that needs
+functions only with declarations. ``NONE`` makes no calls; ``allowedFunctionNames``
+limits the calls the model makes to those functions.
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ from llmconn.testing.fake_tools import decide, signed_call, violation
 NAME = 'gemini'
 MODELS = ('gemini-2.5-flash', 'gemini-2.5-pro')
 ROLES = ('user', 'model')
+# FunctionCallingConfig.Mode; VALIDATED holds calls to their declarations' schemas (what strict asks for).
+CALLING_MODES = ('MODE_UNSPECIFIED', 'AUTO', 'ANY', 'NONE', 'VALIDATED')
+_NAMING_MODES = ('ANY', 'VALIDATED')     # the modes under which allowedFunctionNames may be set
 
 _STATUSES = {
     400: 'INVALID_ARGUMENT', 401: 'UNAUTHENTICATED', 403: 'PERMISSION_DENIED', 404: 'NOT_FOUND',
@@ -101,6 +111,40 @@ def _check_function_turns(contents: list, call: Call) -> None:
                      'function call parts of the function call turn.'))
 
 
+def _callable(body: dict, declared: list) -> list:
+    """The functions the model may call under the request's ``toolConfig``; a 400 for a config Gemini refuses."""
+    tool_config = body.get('toolConfig', body.get('tool_config'))
+    if tool_config is None:
+        return declared
+    if not isinstance(tool_config, dict):
+        raise error(400, f"Invalid value at 'tool_config' "
+                         f"(type.googleapis.com/google.ai.generativelanguage.v1beta.ToolConfig), "
+                         f"{json.dumps(tool_config)}")
+    config = tool_config.get('functionCallingConfig', tool_config.get('function_calling_config', {}))
+    if not isinstance(config, dict):
+        raise error(400, f"Invalid value at 'tool_config.function_calling_config' "
+                         f"(type.googleapis.com/google.ai.generativelanguage.v1beta.FunctionCallingConfig), "
+                         f"{json.dumps(config)}")
+    mode = config.get('mode', 'MODE_UNSPECIFIED')
+    if mode not in CALLING_MODES:
+        raise error(400, f"Invalid value at 'tool_config.function_calling_config.mode' "
+                         f"(type.googleapis.com/google.ai.generativelanguage.v1beta.FunctionCallingConfig.Mode), "
+                         f"{json.dumps(mode)}")
+    allowed = config.get('allowedFunctionNames', config.get('allowed_function_names'))
+    if allowed is not None:
+        if mode not in _NAMING_MODES:
+            raise error(400, 'Function calling config allowed_function_names should only be set when the mode '
+                             'is ANY or VALIDATED.')
+        if not isinstance(allowed, list) or any(name not in declared for name in allowed):
+            raise error(400, f'Function calling config allowed_function_names {json.dumps(allowed)} must name '
+                             f'declared functions: {json.dumps(declared)}.')
+    if mode in _NAMING_MODES and not declared:
+        raise error(400, 'Function calling config is set without function_declarations.')
+    if mode == 'NONE':
+        return []
+    return [name for name in declared if allowed is None or name in allowed]
+
+
 def _response_text(part: dict) -> str:
     response = (part.get('functionResponse') or {}).get('response')
     if not isinstance(response, dict):
@@ -121,7 +165,7 @@ def generate_content(call: Call) -> JSONAnswer | StreamAnswer:
                 for d in t.get('functionDeclarations') or () if isinstance(d, dict)]
     system = _parts_text(body.get('systemInstruction') or body.get('system_instruction'))
     schema = gemini_format(body.get('generationConfig'), error)
-    action = decide(users[-1] if users else '', outputs, declared)
+    action = decide(users[-1] if users else '', outputs, _callable(body, declared))
     if isinstance(action, list):
         signer = call.state.signer
         parts = [{'functionCall': {'name': n, 'args': a}, 'thoughtSignature': signer.sign(signed_call(n, a))}
