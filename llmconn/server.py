@@ -230,6 +230,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     def close_and_drain() -> None:
         server.close()
+        limits.close_idle()
         gevent.spawn(_drain, app, server.pool, args.grace).link(lambda _: stopped.set())
 
     gevent.signal_handler(signal.SIGTERM, stop, signal.SIGTERM)

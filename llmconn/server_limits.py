@@ -25,7 +25,11 @@ at :data:`TAKEOVER_KEY` in the environ hands it the socket (:class:`TakenOver`),
 after which the handler writes nothing more for it, runs its body to the end
 without sending it (the body does its own writes), and closes the
 connection. While such a connection waits for its client it may be marked
-idle, and so evicted at the limit like a keep-alive connection.
+idle, and so evicted at the limit like a keep-alive connection (after its
+protocol's farewell, e.g. a WebSocket close frame). On shutdown every idle
+taken-over connection is closed at once (:meth:`Limits.close_idle`), and so
+is each one that becomes idle afterwards: a socket waiting for its next
+message does not hold the drain for its whole grace.
 
 The head is also checked where gevent is lenient: several ``Content-Length``
 headers, or one with ``Transfer-Encoding``, are refused with ``400`` (a
@@ -58,6 +62,7 @@ BODY_TIMEOUT_KEY = 'llmconn.body_timeout'     # environ key: seconds the whole r
 TAKEOVER_KEY = 'llmconn.take_over'  # environ key: () -> TakenOver, the connection for the request's own protocol
 REFUSAL_LOG_INTERVAL = 10.0         # seconds between two log lines about refused connections
 FD_RESERVE = 64                     # descriptors kept free for Redis, providers, deployed files
+FAREWELL_TIMEOUT = 1.0              # seconds an evicted connection's last words may take to send
 _poll = get_original('select', 'poll')      # the real one: a look that must not yield to other greenlets
 
 
@@ -71,6 +76,7 @@ class Limits:
         self.refused = 0                # since the last log line about it
         self._refusal_logged_at = 0.0
         self.idle: OrderedDict = OrderedDict()      # handler → None, the longest idle first
+        self.closing = False            # the server is shutting down: an idle connection closes at once
 
     def admit(self) -> bool:
         """Room for one more connection, evicting the longest-idle one at the limit."""
@@ -82,6 +88,17 @@ class Limits:
             victim.evict()
         self.open += 1
         return True
+
+    def close_idle(self) -> None:
+        """On shutdown: close every idle taken-over connection now, and each one that becomes idle from now on.
+
+        Idle keep-alive HTTP connections stay: a load balancer's kept-alive probe must still be told
+        ``/ready`` 503 while the server drains.
+        """
+        self.closing = True
+        for handler in [h for h in self.idle if h.taken]:
+            self.idle.pop(handler, None)
+            handler.evict()
 
     def log_refusal(self) -> None:
         # At most one line per REFUSAL_LOG_INTERVAL: a flood of connections must not flood the log.
@@ -112,6 +129,7 @@ class Handler(WSGIHandler):
 
     limits: Limits
     _taken = False
+    _farewell = b''
 
     def handle(self) -> None:
         limits = self.limits
@@ -163,8 +181,15 @@ class Handler(WSGIHandler):
         environ[TAKEOVER_KEY] = self._take_over
         return environ
 
-    def _take_over(self) -> TakenOver:
+    @property
+    def taken(self) -> bool:
+        """Whether a request took the connection over for its own protocol."""
+        return self._taken
+
+    def _take_over(self, farewell: bytes = b'') -> TakenOver:
+        """``farewell``: what the request's protocol says before an eviction closes the connection."""
         self._taken = True
+        self._farewell = farewell
         self.close_connection = True        # whatever the request's protocol leaves, HTTP cannot follow
         sock = self.socket
         sock.settimeout(0.0)                # only what the head's reads buffered already, never a wait
@@ -176,10 +201,12 @@ class Handler(WSGIHandler):
         return TakenOver(sock, buffered, self._set_idle)
 
     def _set_idle(self, idle: bool) -> None:
-        if idle:
-            self.limits.idle[self] = None
-        else:
+        if not idle:
             self.limits.idle.pop(self, None)
+        elif self.limits.closing:
+            self.evict()
+        else:
+            self.limits.idle[self] = None
 
     def process_result(self) -> None:
         if not self._taken:
@@ -198,7 +225,13 @@ class Handler(WSGIHandler):
             return False
 
     def evict(self) -> None:
-        """Make room: the blocked read of the next request line sees the end of the connection."""
+        """Make room: the blocked read of the next request line (or message) sees the end of the connection."""
+        try:
+            if self._farewell:
+                self.socket.settimeout(FAREWELL_TIMEOUT)
+                self.socket.sendall(self._farewell)
+        except OSError:
+            pass
         try:
             self.socket.shutdown(socket.SHUT_RDWR)
         except (OSError, AttributeError):       # already gone

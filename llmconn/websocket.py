@@ -15,7 +15,8 @@ greenlet):
   but do not count as activity: a client that keeps a socket open and sends
   no message is closed (code 1000, "idle timeout") when that time is up.
   While it waits, the connection is idle to the server's connection limit
-  (:mod:`llmconn.server_limits`), so at the limit it may be evicted first.
+  (:mod:`llmconn.server_limits`), so at the limit it may be evicted first,
+  and on shutdown it is closed at once; either way with close code 1001.
 - :meth:`WebSocket.poll` reads only what has already arrived, without
   waiting: a route streaming an answer calls it between two events, to see a
   client that closed or sent something meanwhile.
@@ -37,7 +38,7 @@ from typing import Any
 
 from gevent.monkey import get_original
 from websockets.datastructures import Headers
-from websockets.frames import Opcode
+from websockets.frames import Close, CloseCode, Frame, Opcode
 from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
@@ -49,6 +50,9 @@ logger = logging.getLogger('llmconn.websocket')
 
 READ_CHUNK = 65536
 IDLE_CLOSE_CODE = 1000
+# What an idle socket hears when the server evicts it (at its connection limit, or shutting down).
+GOING_AWAY = Frame(Opcode.CLOSE, Close(CloseCode.GOING_AWAY, 'server closing idle connections').serialize()).serialize(
+    mask=False)
 _poll = get_original('select', 'poll')      # a real, non-blocking look: it must not yield to other greenlets
 # The protocol logs every connection opened and closed at INFO: a burst of sockets must not flood the server
 # log with them; its warnings and errors still come through.
@@ -97,7 +101,7 @@ class WebSocket:
     @classmethod
     def open(cls, environ: dict, response: Any, max_message_bytes: int, idle_timeout: float) -> 'WebSocket':
         """Take the request's connection over and answer its handshake with ``response`` (a 101)."""
-        return cls(environ[TAKEOVER_KEY](), response, max_message_bytes, idle_timeout)
+        return cls(environ[TAKEOVER_KEY](farewell=GOING_AWAY), response, max_message_bytes, idle_timeout)
 
     @property
     def closed(self) -> str:

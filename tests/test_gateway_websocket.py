@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import tempfile
 import threading
 import time
@@ -435,10 +436,75 @@ llm:
         headers = {'Authorization': f'Bearer {KEYS["a"][0]}'}
         sockets = [ws_connect(url, additional_headers=headers, open_timeout=20) for _ in range(3)]
         assert requests.get(f'http://127.0.0.1:{port}/health', timeout=10).status_code == 200
-        with pytest.raises(ConnectionClosed):
+        with pytest.raises(ConnectionClosed) as closed:
             sockets[0].recv(timeout=20)         # the longest idle made room for /health
+        assert closed.value.rcvd.code == 1001
         for ws in sockets:
             ws.close()
     finally:
         stop(proc)
         fake.stop()
+
+
+def test_on_shutdown_a_waiting_socket_closes_at_once_and_a_streaming_one_after_its_response(tmp_path):
+    """SIGTERM: the drain does not wait out its grace for sockets that only wait for their next message."""
+    fake = FakeProviderServer().start()
+    fake.latency = 2.0          # the provider is still thinking when the signal comes
+    config = tmp_path / 'llm.yaml'
+    config.write_text(f'''
+gateway:
+  keys: [{{id: k, secret: {KEYS["a"][0]}, tenant: t, models: ["*"]}}]
+llm:
+  - {{name: Chat, provider: openai, model: gpt-4.1, address: "{fake.url}/v1", max_retries: 0}}
+''')
+    (tmp_path / 'services').mkdir()
+    port = free_port()
+    grace = 60.0
+    proc = start_server(config, tmp_path / 'services', port, extra=['--grace', str(grace)])
+    try:
+        url = f'ws://127.0.0.1:{port}/v1/responses'
+        headers = {'Authorization': f'Bearer {KEYS["a"][0]}'}
+        waiting = ws_connect(url, additional_headers=headers, open_timeout=20)
+        streaming = ws_connect(url, additional_headers=headers, open_timeout=20)
+        send_create(streaming, model='Chat', input='an answer in progress')
+        wait_for(lambda: fake.requests, 'the provider to be asked')
+        started = time.monotonic()
+        proc.terminate()
+        with pytest.raises(ConnectionClosed) as closed:
+            waiting.recv(timeout=30)
+        assert closed.value.rcvd.code == 1001
+        types = []
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                types.append(json.loads(streaming.recv(timeout=30))['type'])
+        assert types[0] == 'response.created' and types[-1] == 'response.completed'
+        assert closed.value.rcvd.code == 1001
+        proc.wait(timeout=grace)
+        assert time.monotonic() - started < grace / 2
+    finally:
+        stop(proc)
+        fake.stop()
+
+
+def test_a_frame_announcing_a_gigabyte_is_refused_from_its_header(stack):
+    """The size is refused as announced: the server closes at once, without waiting for the payload."""
+    sock = socket.create_connection(('127.0.0.1', stack.ports[0]), timeout=20)
+    try:
+        sock.sendall(('GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n'
+                      'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n'
+                      f'Authorization: Bearer {KEYS["a"][0]}\r\n\r\n').encode())
+        head = b''
+        while b'\r\n\r\n' not in head:
+            head += sock.recv(4096)
+        assert head.startswith(b'HTTP/1.1 101')
+        started = time.monotonic()
+        sock.sendall(b'\x81\xff' + (2 ** 30).to_bytes(8, 'big') + b'mask')     # a masked text frame's header
+        answer = head.split(b'\r\n\r\n', 1)[1]
+        while len(answer) < 4:
+            chunk = sock.recv(4096)
+            assert chunk, answer
+            answer += chunk
+        assert answer[0] == 0x88 and int.from_bytes(answer[2:4], 'big') == 1009      # a close frame, 1009
+        assert time.monotonic() - started < 15
+    finally:
+        sock.close()
