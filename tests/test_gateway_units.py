@@ -105,6 +105,19 @@ def test_no_op_values_pass_everywhere():
         assert resolve(CHAT, kind, {'n': 1, 'tool_choice': 'auto', 'logprobs': False, 'tools': []}, Policy()).params == {}
 
 
+def test_a_reasoning_object_with_only_a_summary_sets_nothing_a_connection_decides():
+    summary, effort = {'reasoning': {'summary': 'auto'}}, {'reasoning': {'effort': 'low', 'summary': 'auto'}}
+    assert resolve(RESPONSES, 'openai-responses', summary, Policy()).params == summary
+    assert resolve(RESPONSES, 'openai-responses', effort, Policy()).params == effort
+    for kind in ('claude', 'gemini'):
+        assert resolve(RESPONSES, kind, summary, Policy()).params == {}
+        with pytest.raises(GatewayError, match=f'reasoning: not supported with a {kind} backend.*'
+                                               'reasoning_settings_ignored'):
+            resolve(RESPONSES, kind, effort, Policy())
+    with pytest.raises(GatewayError, match='reasoning.summary: not supported with an openai backend'):
+        resolve(RESPONSES, 'openai', summary, Policy())
+
+
 def test_a_policy_naming_an_unknown_loss_is_refused():
     with pytest.raises(GatewayError, match='unknown loss'):
         Policy.parse({'allow_lossy': True, 'allowed_losses': ['everything']})

@@ -101,13 +101,18 @@ def _field(spec: Field, kind: str, value: Any, policy: Policy, resolution: Resol
     support = spec.support.get(kind) or Support(UNSUPPORTED)
     if support.level == UNSUPPORTED:
         if not support.loss:
-            raise GatewayError(f'{name} is not supported with a {kind} backend'
+            raise GatewayError(f'{name} is not supported with {_a(kind)} backend'
                                + (f' ({support.how})' if support.how else ''), param=name,
                                code='unsupported_field')
-        check_loss(resolution, policy, name, support.loss, f'not supported with a {kind} backend')
+        check_loss(resolution, policy, name, support.loss, f'not supported with {_a(kind)} backend')
         return
     if support.to_params is not None:
         _merge(resolution.params, support.to_params(value))
+
+
+def _a(kind: str) -> str:
+    """``kind`` with its article: 'an openai', 'a claude'."""
+    return f'{"an" if kind[:1] in "aeiou" else "a"} {kind}'
 
 
 def runs_tools(route: str, kind: str) -> bool:
@@ -136,7 +141,7 @@ def check_history(route: str, kind: str, conversation: Any) -> None:
 
 
 def refuse_tool_history(kind: str, param: str) -> None:
-    raise GatewayError(f'{param}: a {kind} backend runs no tools, so function calls and their outputs cannot be '
+    raise GatewayError(f'{param}: {_a(kind)} backend runs no tools, so function calls and their outputs cannot be '
                        f'sent to it; continue this conversation with a model that has tools', param=param,
                        code='unsupported_field')
 
