@@ -125,3 +125,18 @@ def test_a_streamed_tool_turn_after_another(gw, model, bodies, backend, route):
     assert answer.text == ANSWER_THIRD and len([c for c in chunks if c.text]) > 1
     check_clean(gw, backend, 2)
     assert bodies.chunks if route == 'chat' else bodies.events
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_a_previous_response_id_chain(gw, model, bodies, backend):
+    """``use_previous_response_id``: LangChain sends only the messages after its last answer, chained by id."""
+    chat = model(backend, 'responses')
+    chat.use_previous_response_id = True
+    chat = chat.bind_tools([get_order])
+    messages: list = []
+    tool_turn(chat, messages, ASK)
+    gw.fake.clear()
+    assert tool_turn(chat, messages, ASK_AGAIN) == ANSWER_AGAIN
+    check_clean(gw, backend, 0 if backend == 'Responses' else 2)     # a provider-state backend keeps its chain
+    chained = [r['previous_response_id'] for r in bodies.responses]
+    assert chained[0] is None and chained[1:] == [r['id'] for r in bodies.responses[:-1]]

@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import llm
+import openai
 import pytest
 import yaml
 
@@ -54,6 +55,9 @@ def gw(tmp_path_factory):
                **({'responses': True} if route == 'responses' else {}),
                **({'reasoning': True} if options(b, route) else {})}
               for b in BACKENDS for route in ROUTES]
+    # As most users first write it: a Responses model with no reasoning option (so no include).
+    models.append({'model_id': 'gw-bare-Claude', 'model_name': 'Claude', 'api_base': stack.url(),
+                   'api_key_name': 'gateway', 'supports_tools': True, 'responses': True})
     (user / 'extra-openai-models.yaml').write_text(yaml.safe_dump(models))
     before = os.environ.get('LLM_USER_PATH')
     os.environ['LLM_USER_PATH'] = str(user)
@@ -139,3 +143,13 @@ def test_the_cli_continues_a_conversation_from_its_logs(gw, backend, route):
     gw.fake.clear()
     assert cli(gw, '-c', '--functions', FUNCTIONS, *opts, ASK_AGAIN) == ANSWER_AGAIN
     check_clean(gw, backend, 2)
+
+
+def test_without_include_claude_with_thinking_refuses_the_call_before_dispatch_saying_what_to_do(gw):
+    """store: false and no include keeps nothing anywhere: the calls would go back without their thinking."""
+    conv = llm.get_model('gw-bare-Claude').conversation(tools=[get_order])
+    gw.fake.clear()
+    with pytest.raises(openai.BadRequestError) as refused:
+        conv.chain(ASK, key=SECRET).text()
+    assert refused.value.body['code'] == 'reasoning_required' and 'include' in refused.value.message
+    assert len(gw.fake.requests) == 1       # the first call only: the continuation never reached Claude

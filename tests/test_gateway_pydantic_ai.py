@@ -141,3 +141,20 @@ def test_only_a_message_that_is_all_tagged_thinking_is_left_out():
              said('<think>a</think> and then I said this'), said('I wrote <think>x</think>')]
     assert [i['text'] for i in restore(items, None)] == [
         'hi', 'the answer', 'and?', '<think>a</think> and then I said this', 'I wrote <think>x</think>']
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_a_previous_response_id_chain(gw, agent, bodies, backend):
+    """``openai_previous_response_id='auto'``: each request sends only what follows the last stored response."""
+    def chained(prompt, history=None):
+        model = agent(backend, 'responses')
+        return model.run_sync(prompt, message_history=history,
+                              model_settings={**settings(backend, 'responses'), 'openai_previous_response_id': 'auto'})
+
+    first = chained(ASK)
+    gw.fake.clear()
+    second = chained(ASK_AGAIN, first.all_messages())
+    assert second.output == ANSWER_AGAIN
+    check_clean(gw, backend, 0 if backend == 'Responses' else 2)     # a provider-state backend keeps its chain
+    chained = [r['previous_response_id'] for r in bodies.responses]
+    assert chained[0] is None and chained[1:] == [r['id'] for r in bodies.responses[:-1]]
