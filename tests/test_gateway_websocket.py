@@ -508,3 +508,34 @@ def test_a_frame_announcing_a_gigabyte_is_refused_from_its_header(stack):
         assert time.monotonic() - started < 15
     finally:
         sock.close()
+
+
+def test_a_key_a_reload_removed_is_refused_on_its_open_socket_which_then_closes(tmp_path):
+    fake = FakeProviderServer().start()
+    config = tmp_path / 'llm.yaml'
+
+    def write(*names: str) -> None:
+        keys = ', '.join(f'{{id: key-{n}, secret: {KEYS[n][0]}, tenant: t, models: ["*"]}}' for n in names)
+        config.write_text(f'gateway:\n  keys: [{keys}]\nllm:\n  - {{name: Chat, provider: openai, model: gpt-4.1, '
+                          f'address: "{fake.url}/v1", max_retries: 0}}\n')
+
+    write('a', 'b')
+    (tmp_path / 'services').mkdir()
+    port = free_port()
+    proc = start_server(config, tmp_path / 'services', port)
+    try:
+        client = OpenAI(base_url=f'http://127.0.0.1:{port}/v1', api_key=KEYS['b'][0], max_retries=0, timeout=20)
+        with client.responses.connect() as conn:
+            completed(conn, model='Chat', input='while the key is good')
+            write('a')
+            wait_for(lambda: requests.get(f'http://127.0.0.1:{port}/v1/models', timeout=10,
+                                          headers={'Authorization': f'Bearer {KEYS["b"][0]}'}).status_code == 401,
+                     'the reload to drop the key')
+            event = refused(conn, model='Chat', input='after the reload')
+            assert event['status'] == 401 and event['error']['code'] == 'invalid_api_key'
+            with pytest.raises(ConnectionClosed) as closed:
+                conn.recv_bytes()
+            assert closed.value.rcvd.code == 1008
+    finally:
+        stop(proc)
+        fake.stop()
