@@ -27,7 +27,7 @@ _LAZY = {
     'Attachment': 'llmconn.attachments',
     **{name: 'llmconn.errors' for name in (
         'LLMConnError', 'ConfigError', 'InvalidInput', 'UnknownConnection', 'InactiveConnection', 'LLMError',
-        'LLMTimeout', 'LLMRateLimited', 'LLMAuthError', 'ChatBusy', 'StoreError', 'LockLost', 'ServiceError',
+        'LLMTimeout', 'LLMUnreachable', 'LLMRateLimited', 'LLMAuthError', 'ChatBusy', 'StoreError', 'LockLost', 'ServiceError',
         'UnknownService', 'ToolLoopLimit', 'StructuredOutputError')},
 }
 

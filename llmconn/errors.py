@@ -71,6 +71,10 @@ class LLMTimeout(LLMError):
     """The provider did not answer within the connection's ``timeout``."""
 
 
+class LLMUnreachable(LLMError):
+    """No whole answer arrived: the provider could not be reached, or the connection broke mid-answer."""
+
+
 class LLMRateLimited(LLMError):
     """The provider kept answering 429 (or 529) after every retry."""
 

@@ -54,7 +54,7 @@ from urllib3 import exceptions as http_errors
 from llmconn import __version__, observe
 from llmconn.answers import parse_retry_after, provider_message
 from llmconn.deadline import WATCHED_POOLS, Deadline
-from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
+from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout, LLMUnreachable
 from llmconn.redact import scrub
 from llmconn.sse import SSE, EventStream, JSONBody, decode_json, iter_sse, sniff
 from llmconn.text import clean_value
@@ -171,7 +171,8 @@ class Transport:
             deadline.cancel()
 
     def _broken(self, e: Exception) -> LLMError:
-        return self._error(f'the stream broke before it was complete ({type(e).__name__}); try again')
+        return self._error(f'the stream broke before it was complete ({type(e).__name__}); try again',
+                           cls=LLMUnreachable)
 
     def close(self) -> None:
         self._manager.clear()
@@ -190,7 +191,7 @@ class Transport:
             except HTTP_ERRORS as e:
                 self._raise_if_expired(deadline)
                 raise self._error(f'the answer broke before it was complete ({type(e).__name__}); '
-                                  f'try again') from None
+                                  f'try again', cls=LLMUnreachable) from None
             self._raise_if_expired(deadline)
             return response if answer_errors else self._json(response)
         finally:
@@ -256,7 +257,7 @@ class Transport:
                                           f'check "address" and that the provider is up'),
                              connection=self.name) from None
         raise self._error(f'cannot reach the provider ({type(e).__name__}); check "address" '
-                          f'and that the provider is up') from None
+                          f'and that the provider is up', cls=LLMUnreachable) from None
 
     def _refusal(self, response, deadline: Deadline) -> LLMError:
         """The error for an answer that will not be retried (its body read within the deadline)."""
@@ -357,9 +358,8 @@ class Transport:
         message = f'{self.name}: provider answered HTTP {status}' + (f': {detail}' if detail else '') + f' ({hint})'
         return cls(self._redact(message), status=status, provider_body=body, connection=self.name, quoted=detail)
 
-    def _error(self, message: str, status: int | None = None, body: Any = None) -> LLMError:
-        return LLMError(self._redact(f'{self.name}: {message}'), status=status, provider_body=body,
-                        connection=self.name)
+    def _error(self, message: str, status: int | None = None, body: Any = None, cls: type = LLMError) -> LLMError:
+        return cls(self._redact(f'{self.name}: {message}'), status=status, provider_body=body, connection=self.name)
 
     def _redact(self, value: Any) -> Any:
         """``value`` with the connection's secret masked (provider bodies too: some quote the key they refused)."""
