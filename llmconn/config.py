@@ -146,6 +146,20 @@ class ConnectionConfig(_Frozen):
     window_step: int = Field(1, ge=1, le=MAX_COUNT)
     pricing: Pricing | None = None      # counted as ``cost`` (micro-USD) in the usage ledger
     compaction: CompactionConfig | None = None
+    # Failover (SPEC §18, llmconn.failover): the connections a call moves on to, in order, when this
+    # one's provider fails after its retries (connect error, timeout, 5xx, 429).
+    fallbacks: tuple[str, ...] = ()
+
+    @field_validator('fallbacks', mode='before')
+    @classmethod
+    def _fallback_list(cls, value: Any) -> Any:
+        if not isinstance(value, (list, tuple)) or not all(isinstance(n, str) and n for n in value):
+            raise ValueError(f'must be a list of connection names, e.g. fallbacks: [Backup], '
+                             f'got {type(value).__name__} {str(value)[:80]!r}')
+        twice = sorted({n for n in value if list(value).count(n) > 1})
+        if twice:
+            raise ValueError(f'names {", ".join(map(repr, twice))} more than once; list each once')
+        return value
 
     @model_validator(mode='before')
     @classmethod
@@ -314,6 +328,25 @@ class Config(_Frozen):
                                  f'known connections: {", ".join(sorted(names))}')
         return self
 
+    @model_validator(mode='after')
+    def _fallback_connections(self) -> 'Config':
+        by_name = {conn.name: conn for conn in self.llm}
+        for conn in self.llm:
+            for name in conn.fallbacks:
+                if name == conn.name:
+                    raise ValueError(f'connection "{conn.name}": field "fallbacks" lists the connection itself; '
+                                     f'a fallback is another connection')
+                if name not in by_name:
+                    raise ValueError(f'connection "{conn.name}": field "fallbacks" names {name!r}, which is not '
+                                     f'a connection of this file; known connections: {", ".join(sorted(by_name))}')
+        for conn in self.llm:
+            cycle = _fallback_cycle(conn.name, by_name, [])
+            if cycle:
+                raise ValueError(f'connection "{conn.name}": field "fallbacks" makes a cycle '
+                                 f'({" -> ".join(cycle)}); a call could fail over back to where it failed. '
+                                 f'Remove one of these fallbacks')
+        return self
+
     @property
     def skills_path(self) -> Path:
         return (self.base_dir / self.skills_dir).resolve()
@@ -323,6 +356,17 @@ class Config(_Frozen):
         """The files this configuration read besides itself (template files), for a watcher."""
         return tuple((self.base_dir / name).resolve() for conn in self.llm
                      for name in (conn.request_template_file, conn.response_template_file) if name)
+
+
+def _fallback_cycle(name: str, by_name: dict, path: list) -> list:
+    """The names of a fallback cycle reachable from ``name`` (ending where it began), or []."""
+    if name in path:
+        return path[path.index(name):] + [name]
+    for fallback in by_name[name].fallbacks:
+        cycle = _fallback_cycle(fallback, by_name, path + [name])
+        if cycle:
+            return cycle
+    return []
 
 
 def infer_provider(model: str) -> str:
