@@ -13,6 +13,10 @@ reads the ``done`` event's result and reply. ``run`` alone does::
     (render -> call -> parse -> run tools)*   (the lock is renewed in the background meanwhile)
     save    (1 Redis round trip: append the turn, trim, expire, release)
 
+and, when the provider fails before anything of its answer was handed on, the
+turn fails over to the connection's ``fallbacks`` inside the same begin and
+save (:meth:`_answered`, :mod:`llmconn.failover`).
+
 read top-down in :meth:`_pipeline`, :meth:`_turn`, :meth:`_round` and
 :meth:`_call`; the transport below does the deadline and the retries.
 Everything that can be checked is checked before ``begin``, so bad input
@@ -33,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 from llmconn import attachments as mod_attachments
+from llmconn import failover
 from llmconn import items as mod_items
 from llmconn import structured
 from llmconn import tools as mod_tools
@@ -163,7 +168,8 @@ class Connection:
         except LLMError as e:
             if e.status not in (404, 405):
                 raise
-        self._drain(self._pipeline(_Call(CallSpec(PING_TEXT)), NO_LEDGER.call(self.name, self.conf.model)))
+        # fallbacks=(): a ping asks this provider, never another one.
+        self._drain(self._pipeline(_Call(CallSpec(PING_TEXT, fallbacks=())), NO_LEDGER.call(self.name, self.conf.model)))
         return True
 
     def history(self, chat_id: str) -> list[dict]:
@@ -225,8 +231,8 @@ class Connection:
     def _pipeline(self, call: _Call, tally) -> Iterator[Event]:
         spec = call.spec
         if not spec.chat_id:
-            loop = yield from self._turn(call, list(spec.history), None, tally)
-            yield Event('done', result=self._result(call, loop), reply=loop.last)
+            by, answered, loop = yield from self._answered(call, list(spec.history), None, tally)
+            yield Event('done', result=by._result(answered, loop), reply=loop.last)
             return
         conf = self.conf
         # The lock is released on every way out; if that release fails while another error is
@@ -239,15 +245,17 @@ class Connection:
             compacted = self._compact(spec.chat_id, window, pending)
             call.system = system_with(call.system, compacted.summary)
             call.summary = summary_block(compacted.summary)
-            loop = yield from self._turn(call, window, pending, tally)
-            result = self._result(call, loop)
+            by, answered, loop = yield from self._answered(call, window, pending, tally)
+            result = by._result(answered, loop)
             if compacted.usage is not None:
                 result['usage']['compaction'] = compacted.usage
             items = loop.stored_items()
+            # A fallback's turn is saved in this chat: its natives tagged as its own (replayed only to
+            # it), and without its provider-side state (a chain another provider cannot continue).
             lock.save(Turn(user=pending.user if pending else spec.text, assistant=loop.text,
                            attachments=pending.attachments if pending else call.attachments,
-                           items=items, tag=self.provider.tag if items else '',
-                           state=loop.state, ts=mod_time.time(), meta=loop.last.meta,
+                           items=items, tag=by.provider.tag if items else '',
+                           state=loop.state if by is self else {}, ts=mod_time.time(), meta=loop.last.meta,
                            summary=compacted.summary if compacted.made else {}),
                       expiry=conf.chat_expiry, max_turns=conf.max_stored_turns, replace_last=pending is not None,
                       counters=tally.save_entry(self.name, spec.chat_id, result, lock))
@@ -262,7 +270,81 @@ class Connection:
         return compact(self.conf, window, lambda: self.store.history(self.name, chat_id),
                        summarizer_of(self.conf, self.peers))
 
-    def _turn(self, call: _Call, window: list[Turn], pending: Turn | None, tally) -> Iterator[Event]:
+    def _answered(self, call: _Call, window: list[Turn], pending: Turn | None, tally) -> Iterator[Event]:
+        """The turn, answered by this connection or by the fallback it failed over to.
+
+        Returns ``(connection, its checked call, the TurnLoop)`` of the one that answered. A turn
+        fails over only while nothing of it happened: no event handed on, no round answered (its
+        tools would run twice), no provider-side chain given (see :mod:`llmconn.failover`).
+        """
+        spec = call.spec
+        if spec.chain or not (self.conf.fallbacks if spec.fallbacks is None else spec.fallbacks):
+            loop = yield from self._turn(call, window, pending, tally, self._loop(call, pending))
+            return self, call, loop
+        plan = iter(failover.plan(self.name, self._fallbacks_of, spec.fallbacks))
+        conn, current, held = self, call, None
+        try:
+            while True:
+                loop = conn._loop(current, pending)
+                events = conn._turn(current, window, pending, tally, loop)
+                started = False
+                try:
+                    for event in events:
+                        started = True
+                        yield event
+                    return conn, current, loop
+                except LLMError as e:
+                    why = failover.reason(e)
+                    taken = None if started or loop.rounds or not why else self._fallback(plan, conn, current,
+                                                                                           why, tally)
+                    if taken is None:
+                        raise
+                finally:
+                    events.close()      # a caller that stopped reading closes the provider's stream now
+                if held is not None:
+                    held.__exit__(None, None, None)
+                conn, current = taken
+                # A provider-side chain is its own connection's: the fallback is sent the window itself.
+                window = [replace(t, state={}) if t.state else t for t in window]
+                pending = replace(pending, state={}) if pending is not None and pending.state else pending
+                held = conn.calls.__enter__()       # in flight on the fallback too, for its reload's retire()
+        finally:
+            if held is not None:
+                held.__exit__(None, None, None)
+
+    def _fallback(self, plan: Iterator[str], failed: 'Connection', call: _Call, why: str,
+                  tally) -> tuple['Connection', _Call] | None:
+        """The next connection of ``plan`` that can take ``call`` over, and the call as it checked it."""
+        spec = call.spec
+        for name in plan:
+            fallback = self.peers.get(name)
+            if fallback is None or fallback.store is not self.store:
+                failover.skipped(failed.name, name, 'it is not a connection of this configuration now')
+                continue
+            try:
+                taken = fallback._checked(spec)
+            except (InvalidInput, InactiveConnection) as e:
+                failover.skipped(failed.name, name, str(e))
+                continue
+            taken.system, taken.summary = call.system, call.summary     # the skill's, and the chat's summary
+            failover.failed_over(failed.name, name, why)
+            observe.failover(failed.name, name, why)
+            tally.failed_over(self.usage.prefix(name, fallback.conf.model, spec.key_id))
+            if spec.on_failover is not None:
+                spec.on_failover(fallback)
+            return fallback, taken
+        return None
+
+    def _fallbacks_of(self, name: str) -> tuple:
+        peer = self.peers.get(name)
+        return peer.conf.fallbacks if peer is not None else ()
+
+    def _loop(self, call: _Call, pending: Turn | None) -> TurnLoop:
+        spec = call.spec
+        return TurnLoop(pending, spec.outputs, self.provider.tag, given=spec.items, given_tag=spec.tag,
+                        pricing=self.conf.pricing)
+
+    def _turn(self, call: _Call, window: list[Turn], pending: Turn | None, tally, loop: TurnLoop) -> Iterator[Event]:
         """The tool loop: call, parse, run the tools the model asked for, until it answers.
 
         Each answered round is told to ``tally``: its tokens count even if a later round fails.
@@ -274,8 +356,6 @@ class Connection:
                        tools=call.tools, hosted=call.hosted, chain=spec.chain, tag=self.provider.tag,
                        stateless=spec.stateless, cache_key=chat_cache_key(self.name, spec.chat_id),
                        summary=call.summary, schema=call.schema, attachments=call.attachments)
-        loop = TurnLoop(pending, spec.outputs, self.provider.tag, given=spec.items, given_tag=spec.tag,
-                        pricing=self.conf.pricing)
         while True:
             if loop.rounds >= self.conf.max_tool_rounds:
                 raise ToolLoopLimit(f'{self.name}: the model still asked for tools after {loop.rounds} provider '
@@ -302,6 +382,7 @@ class Connection:
     def _result(self, call: _Call, loop: TurnLoop) -> dict:
         """The call's result; with a schema, its final answer parsed (StructuredOutputError: nothing saved)."""
         result = loop.result
+        result['connection'] = self.name        # who answered: a fallback's name when the call failed over
         if call.schema is not None and not loop.waiting:
             result['parsed'] = structured.parse(call.schema, loop.items, loop.text, self.name, loop.last.raw)
         return result

@@ -7,6 +7,7 @@
     llmconn_provider_call_duration_seconds{connection} one attempt, until the answer (its headers, for a stream)
     llmconn_call_errors_total{connection,error}        invoke/chat/stream calls that raised, by error class
     llmconn_chat_busy_total{connection}                chat calls that gave up waiting for the lock
+    llmconn_failovers_total{connection,fallback,reason} calls that moved on to a fallback (llmconn.failover)
     llmconn_lock_wait_seconds{connection}              waits for the chat lock (0: free), ChatBusy ones too
     llmconn_input_tokens_total{connection}             tokens sent, as the providers counted them
     llmconn_output_tokens_total{connection}            tokens received
@@ -93,6 +94,9 @@ class Metrics(Observer):
                               ['connection', 'error'], registry=reg)
         self.busy = Counter('llmconn_chat_busy', 'Chat calls that gave up waiting for the chat lock (ChatBusy)',
                             ['connection'], registry=reg)
+        self.failovers = Counter('llmconn_failovers', 'Calls that moved on to a fallback connection, by the '
+                                 'reason (timeout, unreachable, HTTP status)', ['connection', 'fallback', 'reason'],
+                                 registry=reg)
         self.lock_seconds = Histogram('llmconn_lock_wait_seconds', 'Time chat calls waited for their chat lock',
                                       ['connection'], buckets=LOCK_WAIT_BUCKETS, registry=reg)
         self.input_tokens = Counter('llmconn_input_tokens', 'Input tokens, as the providers counted them',
@@ -158,6 +162,9 @@ class Metrics(Observer):
 
     def chat_busy(self, connection: str) -> None:
         self._inc(self.busy, (connection,))
+
+    def failover(self, connection: str, fallback: str, reason: str) -> None:
+        self._inc(self.failovers, (connection, fallback, reason))
 
     def request_done(self, tally: RequestTally) -> None:
         service = tally.service or OTHER_SERVICE

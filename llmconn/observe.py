@@ -8,6 +8,7 @@ worth counting happens::
                    store_error()     a redis exception translated into StoreError
     connection.py  call()            wraps the events of every Connection.run call (invoke, chat,
                                      stream, the gateway's routes): tokens, errors, ChatBusy
+                   failover()        a call moved on to a fallback connection (llmconn.failover)
     wsgi.py        start_request() / finish_request()   one served HTTP request
 
 Nobody listens unless an :class:`Observer` is installed (``llmconn serve``
@@ -56,6 +57,10 @@ class Observer:
 
     def chat_busy(self, connection: str) -> None:
         """A chat call gave up waiting for its chat's lock."""
+
+    def failover(self, connection: str, fallback: str, reason: str) -> None:
+        """A call on ``connection`` failed (``reason``: ``timeout``, ``unreachable`` or the HTTP status)
+        and moved on to ``fallback``."""
 
     def request_done(self, tally: 'RequestTally') -> None:
         """The host finished sending a response (or the client went away)."""
@@ -121,6 +126,11 @@ def store_error(exc: BaseException) -> None:
         _observer.store_error(type(exc).__name__)
 
 
+def failover(connection: str, fallback: str, reason: str) -> None:
+    if _observer is not None:
+        _observer.failover(connection, fallback, reason)
+
+
 def call(connection: str, events: Iterator) -> Iterator:
     """``events`` of one call, watched for its usage and its error when someone listens."""
     observer = _observer
@@ -136,10 +146,13 @@ def _watched(observer: Observer, connection: str, events: Iterator) -> Iterator:
     try:
         for event in events:
             if event.type == 'done':
-                usage = (event.result or {}).get('usage') or {}
+                result = event.result or {}
+                usage = result.get('usage') or {}
                 input_tokens, output_tokens = usage.get('input_tokens') or 0, usage.get('output_tokens') or 0
-                observer.call_done(connection, input_tokens, output_tokens, usage)
+                served = result.get('connection') or connection     # a fallback's name, when one answered
+                observer.call_done(served, input_tokens, output_tokens, usage)
                 if tally is not None:
+                    tally.used(served)
                     tally.input_tokens += input_tokens
                     tally.output_tokens += output_tokens
             yield event

@@ -131,6 +131,12 @@ class CallSpec:
     key_id: str = ''                    # the gateway key the usage ledger counts the call under
     schema: Any = None                  # ``schema=``: a pydantic model class or a JSON Schema dict
     attachments: Any = None             # ``attachments=``: llmconn.Attachment objects
+    # The connections the call may fail over to (llmconn.failover): None, the connection's own plan;
+    # a tuple, exactly those (the gateway's, cut to the fallbacks that can honour its request).
+    fallbacks: tuple | None = None
+    # Called with the fallback Connection that takes the call over, before any of its events (the
+    # gateway names it in its answer); never called when the connection itself answers.
+    on_failover: Any = None
 
 
 # The counts a call's usage holds (SPEC §17), 0 when the provider reports none. ``input_tokens``

@@ -322,6 +322,12 @@ class CallTally:
     def saved(self) -> None:
         self.in_script = True
 
+    def failed_over(self, prefix: str) -> None:
+        """The call's connection failed and a fallback takes it: the failover is counted under the one
+        that failed, the call under ``prefix`` (the fallback's), once it ends."""
+        self.ledger.add(self.prefix, {'failovers': 1})
+        self.prefix = prefix
+
     def answered(self, reply: Any) -> None:
         """A provider round answered: its tokens are spent, whatever happens to the call next."""
         spent = self.spent
@@ -388,6 +394,9 @@ class _NoTally:
     def saved(self) -> None:
         pass
 
+    def failed_over(self, prefix: str) -> None:
+        pass
+
     def answered(self, reply: Any) -> None:
         pass
 
@@ -399,6 +408,9 @@ class _NoLedger:
 
     def call(self, conn_name: str, model: str, key: str = '') -> _NoTally:
         return self._tally
+
+    def prefix(self, conn_name: str, model: str, key: str = '') -> str:
+        return ''
 
     def close(self) -> None:
         pass

@@ -11,7 +11,9 @@ base64url-encoded as in :mod:`llmconn.store.keys` (so ``:`` separates them
 safely); ``<key>`` is the gateway key and empty until there is one. Counters:
 ``calls``, ``errors``, the token counts of :data:`llmconn.types.USAGE_KEYS`
 (input, output, cache read and written, reasoning), ``cost`` (micro-USD, for a
-connection with ``pricing``), ``tool_calls`` and
+connection with ``pricing``), ``tool_calls``, ``failovers`` (calls this connection
+failed that moved on to a fallback, see :mod:`llmconn.failover`; the call
+itself counts under the connection that answered) and
 ``error:<status>`` (see :func:`llmconn.usage.error_status`: the provider's
 HTTP status, ``timeout``, ``no_response``, ``cancelled``, or the class of the
 llmconn error that ended the call, such as ``ChatBusy``).
@@ -37,7 +39,7 @@ RETENTION_TTL = RETENTION_DAYS * 86400  # the save script has it too: scripts.US
 # What a result's usage reports (llmconn.types.USAGE_KEYS), counted under the same names, and the
 # cost of a priced connection's call (integer micro-USD, llmconn.pricing).
 TOKEN_COUNTERS = (*USAGE_KEYS, 'cost')
-COUNTERS = ('calls', 'errors', *TOKEN_COUNTERS, 'tool_calls')
+COUNTERS = ('calls', 'errors', *TOKEN_COUNTERS, 'tool_calls', 'failovers')
 ERROR_PREFIX = 'error:'
 
 _slot_tags: list[str] = []

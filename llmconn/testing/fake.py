@@ -224,6 +224,7 @@ class FakeConnection:
             'cache_read_tokens': 0, 'cache_write_tokens': 0, 'reasoning_tokens': 0,
         })
         result.setdefault('raw', {'fake': True, 'text': result['text']})
+        result.setdefault('connection', self.name)      # who answered, as a real connection's result says
         return result
 
     def _save(self, chat_id: str, text: str, result: dict, replace_last: bool = False) -> None:
