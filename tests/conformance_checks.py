@@ -28,7 +28,8 @@ SDK_EVENT = TypeAdapter(ResponseStreamEvent)
 
 # Fields the gateway adds on purpose (SPEC §13, docs/gateway.md), where the SDK has no field for them.
 EXTENSIONS = {
-    'ChatCompletion.metadata',              # metadata["llmconn_downgrades"]: the losses a request accepted
+    'ChatCompletion.metadata',              # metadata["llmconn_downgrades"]: the losses a request accepted,
+    'ChatCompletionChunk.metadata',         # and ["llmconn_served_by"]: the fallback that answered (last chunk)
     'ChatCompletionMessage.reasoning_content',  # the backend's thinking, as DeepSeek and vLLM send it
     'ChoiceDelta.reasoning_content',
 }

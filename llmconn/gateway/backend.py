@@ -64,12 +64,14 @@ def check_usable(conn: Any, model: str) -> None:
 
 def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
            previous_response_id: str = '', store: bool = True, key_id: str = '', tools: tuple = (),
-           hosted: tuple = ()) -> Iterator[Event]:
+           hosted: tuple = (), fallbacks: tuple = (), on_failover: Any = None) -> Iterator[Event]:
     """The connection's events for ``conversation``: ``thinking`` / ``text`` deltas and one ``done``.
 
     Checked now (bad input raises before any network call); the provider is
     reached on the first ``next``. The call is counted in the usage ledger
-    under the gateway key ``key_id``, however it ends.
+    under the gateway key ``key_id``, however it ends. It may fail over to
+    ``fallbacks`` (:mod:`llmconn.gateway.fallbacks`), which calls
+    ``on_failover(fallback)`` before any of that one's events.
     """
     if conversation.system and SYSTEM not in conn.provider.capabilities:
         raise GatewayError(f'instructions and system messages are not supported with a {kind(conn)} backend',
@@ -83,7 +85,7 @@ def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
         conversation.text, params=params, stream=stream, tools=list(tools) or None, system=conversation.system,
         history=tuple(conversation.turns), items=tuple(conversation.items), tag=conversation.tag,
         hosted=tuple(hosted), chain=chain, stateless=not store, run_tools=False, key_id=key_id, schema=schema,
-        attachments=list(conversation.attachments) or None)))
+        attachments=list(conversation.attachments) or None, fallbacks=tuple(fallbacks), on_failover=on_failover)))
 
 
 def answer(events: Iterator[Event]) -> Any:

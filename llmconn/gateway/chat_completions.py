@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from llmconn.errors import GatewayError, LLMConnError, StoreError
-from llmconn.gateway import backend, call_registry, items as mod_items, limits, tools as mod_tools
+from llmconn.gateway import backend, call_registry, fallbacks, items as mod_items, limits, tools as mod_tools
 from llmconn.gateway.capabilities import CHAT
 from llmconn.gateway.echo import bounded
 from llmconn.gateway.policy import Policy, resolve
@@ -52,10 +52,24 @@ class ChatCall:
     hosted: tuple = ()
     id: str = field(default_factory=lambda: 'chatcmpl-' + secrets.token_hex(16))
     created: int = field(default_factory=lambda: int(mod_time.time()))
+    fallbacks: tuple = ()           # the connections that may take it over (llmconn.gateway.fallbacks)
+    served: Any = None              # the fallback that answered, once one took the call over
+
+    @property
+    def answering(self) -> Any:
+        """The connection answering: ``conn``, or the fallback the call failed over to."""
+        return self.served or self.conn
+
+    def failed_over(self, fallback: Any) -> None:
+        self.served = fallback
 
     def extra(self) -> dict:
-        """What the gateway adds to the completion: the downgrades it accepted, if any."""
-        return {'metadata': {DOWNGRADES_KEY: ','.join(self.downgrades)}} if self.downgrades else {}
+        """What the gateway adds to the completion: the downgrades it accepted and the fallback that
+        answered, if any."""
+        metadata = {DOWNGRADES_KEY: ','.join(self.downgrades)} if self.downgrades else {}
+        if self.served is not None:
+            metadata[fallbacks.SERVED_BY_KEY] = self.served.name
+        return {'metadata': metadata} if metadata else {}
 
 
 def prepare(gw: Any, key: Any, body: Any) -> ChatCall:
@@ -75,14 +89,25 @@ def prepare(gw: Any, key: Any, body: Any) -> ChatCall:
     if resolution.downgrades:
         logger.info('Downgrade accepted: tenant=%s key=%s model=%s losses=%s', key.tenant, key.id, model,
                     ','.join(resolution.downgrades))
-    return ChatCall(key, conn, model, stream, bool(options.get('include_usage')), conversation,
+    call = ChatCall(key, conn, model, stream, bool(options.get('include_usage')), conversation,
                     resolution.params, resolution.downgrades, tools, hosted)
+    call.fallbacks = fallbacks.usable(conn, lambda fallback: _can_take(key, fallback, body, policy, resolution, call))
+    return call
+
+
+def _can_take(key: Any, fallback: Any, body: dict, policy: Policy, resolution: Any, call: ChatCall) -> None:
+    """Raise unless ``fallback`` can answer ``call`` as its connection would (llmconn.gateway.fallbacks)."""
+    fallbacks.same_call(resolution, resolve(CHAT, backend.kind(fallback), body, policy))
+    backend.check_replay(fallback, call.conversation)
+    if call.hosted and mod_tools.definitions(key, fallback, body.get('tools'), chat=True)[1] != call.hosted:
+        raise GatewayError('it does not run the same hosted tools')
 
 
 def _events(call: ChatCall) -> Iterator:
     # Stateless all the way: a backend that would keep the exchange (Responses, state: provider) is told not to.
     return backend.events(call.conn, call.conversation, call.params, call.stream, store=False,
-                          key_id=call.key.id, tools=call.tools, hosted=call.hosted)
+                          key_id=call.key.id, tools=call.tools, hosted=call.hosted, fallbacks=call.fallbacks,
+                          on_failover=call.failed_over)
 
 
 def _finish_reason(status: str, calls: list) -> str:
@@ -100,7 +125,7 @@ def _usage(reply: Any) -> dict:
 def complete(gw: Any, call: ChatCall) -> dict:
     events = _events(call)      # checked now; the backend is reached below
     reply = backend.answer(events)
-    status, _ = backend.finish(call.conn, reply.raw)
+    status, _ = backend.finish(call.answering, reply.raw)
     calls = _remember(gw, call, reply)
     message: dict = {'role': 'assistant', 'content': reply.text or (None if calls else ''), 'refusal': None}
     if reply.thinking:
@@ -131,7 +156,7 @@ def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provide
                 for chunk in chunks.feed(event.type, event.text):
                     yield chat_sse(chunk)
                 continue
-            status, _ = backend.finish(call.conn, event.reply.raw)
+            status, _ = backend.finish(call.answering, event.reply.raw)
             ended = True
             calls = _remember(gw, call, event.reply)
             for chunk in chunks.finish(event.reply.text, _finish_reason(status, calls), _usage(event.reply),
@@ -150,15 +175,15 @@ def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provide
             # Its call counts as cancelled in the ledger; the tokens it streamed are only estimated here,
             # and count so against the key's tpm and budget too.
             usage = estimated_usage(chunks.streamed_chars)
-            limits.estimated(adm, call.conn, usage)
-            gw.registry.usage.add_estimate(call.conn.name, call.conn.conf.model, call.key.id, usage)
+            limits.estimated(adm, call.answering, usage)
+            gw.registry.usage.add_estimate(call.answering.name, call.answering.conf.model, call.key.id, usage)
 
 
 def _remember(gw: Any, call: ChatCall, reply: Any) -> list:
     """The answer's calls; what a replay of them needs is kept for the client's next request."""
     steps = backend.steps(reply)
     try:
-        call_registry.remember(gw, call.key, steps, call.conn.provider.tag)
+        call_registry.remember(gw, call.key, steps, call.answering.provider.tag)
     except StoreError as e:
         logger.error('Could not keep the provider items behind the tool calls of a completion of %s: %s',
                      call.model, e)

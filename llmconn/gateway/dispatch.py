@@ -33,15 +33,15 @@ logger = logging.getLogger('llmconn.gateway')
 def _provider_events(call: Call, stream: bool) -> Iterator:
     return backend.events(call.conn, call.conversation, call.params, stream,
                           previous_response_id=call.provider_previous_id, store=call.store, key_id=call.key.id,
-                          tools=call.tools, hosted=call.hosted)
+                          tools=call.tools, hosted=call.hosted, fallbacks=call.fallbacks, on_failover=call.failed_over)
 
 
 def _finished(call: Call, reply: Any) -> tuple[str, str, dict, dict, list]:
     """The ending of an answer: status, reason, usage, its canonical assistant item, its calls."""
-    status, reason = backend.finish(call.conn, reply.raw)
+    status, reason = backend.finish(call.answering, reply.raw)
     usage = usage_object(**reply.usage)
     steps = backend.steps(reply)
-    answer = mod_items.message('assistant', reply.text, backend.opaque_items(call.conn, reply, steps))
+    answer = mod_items.message('assistant', reply.text, backend.opaque_items(call.answering, reply, steps))
     return status, reason, usage, answer, backend.calls(steps)
 
 
@@ -145,9 +145,9 @@ def _body(gw: Any, call: Call, normalizer: ResponseEvents, events: Iterator, pro
             usage = estimated_usage(normalizer.streamed_chars)
             logger.info('Response %s cancelled by the client after %d streamed characters', call.id,
                         normalizer.streamed_chars)
-            limits.estimated(adm, call.conn, usage)
+            limits.estimated(adm, call.answering, usage)
             _save_quietly(gw, record(call, 'cancelled', usage, normalizer.partial_output()), call, _settling(adm))
-            gw.registry.usage.add_estimate(call.conn.name, call.conn.conf.model, call.key.id, usage)
+            gw.registry.usage.add_estimate(call.answering.name, call.answering.conf.model, call.key.id, usage)
 
 
 def _save_quietly(gw: Any, rec: dict, call: Call, rider: Any = None) -> None:

@@ -397,7 +397,9 @@ def _settling(adm: Admission, conn: Any, events: Iterator) -> Iterator:
     try:
         for event in events:
             if event.type == 'done':        # counted before the route saves its record, which carries it
-                adm.settle(conn, getattr(event.reply, 'usage', None))
+                # A fallback that answered is priced as itself.
+                served = getattr(conn, 'peers', {}).get((event.result or {}).get('connection'), conn)
+                adm.settle(served, getattr(event.reply, 'usage', None))
             yield event
     finally:
         close = getattr(events, 'close', None)

@@ -30,7 +30,8 @@ from typing import Any
 
 from llmconn.errors import GatewayError
 from llmconn import items as canon
-from llmconn.gateway import backend, call_registry, effective, forget, input_items, items as mod_items, reasoning
+from llmconn.gateway import backend, call_registry, effective, fallbacks, forget, input_items, items as mod_items
+from llmconn.gateway import reasoning
 from llmconn.gateway import tools as mod_tools
 from llmconn.gateway.capabilities import RESPONSES
 from llmconn.gateway.echo import shown, shown_all
@@ -78,6 +79,21 @@ class Call:
     created_at: int = field(default_factory=lambda: int(mod_time.time()))
     settings: dict = field(default_factory=dict)      # what the Response echoes (effective.settings)
     ended_at: int | None = None     # when it ended: one time for the answer and its record alike
+    fallbacks: tuple = ()           # the connections that may take it over (llmconn.gateway.fallbacks)
+    served: Any = None              # the fallback that answered, once one took the call over
+    body: dict = field(default_factory=dict, repr=False)    # the request, for a fallback's settings
+
+    @property
+    def answering(self) -> Any:
+        """The connection answering: ``conn``, or the fallback the call failed over to."""
+        return self.served or self.conn
+
+    def failed_over(self, fallback: Any) -> None:
+        """A fallback takes the call over (before any of its events): the Response names it and
+        echoes the settings it is sent with."""
+        self.served = fallback
+        self.metadata = dict(self.metadata, **{fallbacks.SERVED_BY_KEY: fallback.name})
+        self.settings = effective.settings(fallback, self.body, self.downgrades)
 
 
 def prepare(gw: Any, key: Any, body: Any) -> Call:
@@ -116,9 +132,23 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
                 tools=tools, hosted=hosted, sealer=sealer if sealing else None, custom=custom,
                 echo_tools=[_echo(t) for t in tools] + [h for h in hosted if h.get('type') == 'custom'],
                 settings=effective.settings(conn, body, resolution.downgrades))
+    if mode != StoreMode.PROVIDER and not call.provider_previous_id:      # else only its backend can continue it
+        call.fallbacks = fallbacks.usable(conn, lambda fallback: _can_take(key, fallback, body, include, policy,
+                                                                           resolution, call))
+        call.body = body
     if previous is not None:
         forget.join(gw, key.tenant, previous, call.id)      # so that deleting an ancestor finds it
     return call
+
+
+def _can_take(key: Any, fallback: Any, body: dict, include: Any, policy: Policy, resolution: Any, call: Call) -> None:
+    """Raise unless ``fallback`` can answer ``call`` as its connection would (llmconn.gateway.fallbacks)."""
+    fallbacks.same_call(resolution, resolve(RESPONSES, backend.kind(fallback), dict(body, include=include), policy))
+    check_history(RESPONSES, backend.kind(fallback), call.conversation)
+    mod_tools.check_items(fallback, call.context, call.custom)
+    backend.check_replay(fallback, call.conversation)
+    if call.hosted and mod_tools.definitions(key, fallback, body.get('tools'))[1] != call.hosted:
+        raise GatewayError('it does not run the same hosted tools')
 
 
 def _new_items(gw: Any, key: Any, body: dict, sealing: bool) -> tuple[list, Any]:
@@ -310,7 +340,7 @@ def record(call: Call, status: str, usage: dict | None, output: list, *, provide
     """
     ttl = call.expiry
     rec = {'id': call.id, 'tenant': call.key.tenant, 'key_id': call.key.id, 'model': call.model,
-           'provider_kind': backend.kind(call.conn), 'store_mode': call.mode, 'retention': call.key.retention,
+           'provider_kind': backend.kind(call.answering), 'store_mode': call.mode, 'retention': call.key.retention,
            'previous_response_id': call.previous['id'] if call.previous else None,
            'chain': forget.chain_of(call.previous) if call.previous else call.id,
            'lineage': forget.lineage(call.previous),

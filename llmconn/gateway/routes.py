@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from llmconn.errors import (GatewayError, InvalidInput, LimitExceeded, LLMAuthError, LLMConnError, LLMError,
                             LLMRateLimited, LLMTimeout, StoreError, StructuredOutputError)
-from llmconn.gateway import chat_completions, compact, dispatch, forget, input_items, limits, responses, shapes
+from llmconn.gateway import chat_completions, compact, dispatch, fallbacks, forget, input_items, limits, responses
+from llmconn.gateway import shapes
 from llmconn.gateway.capabilities import CHAT, RESPONSES
 from llmconn.gateway.echo import MAX_PARAM_CHARS, bounded, shown
 from llmconn.gateway.keys import GatewayConfig, bearer_token, find_key
@@ -150,11 +151,16 @@ def admitted(gw: Gateway, key: Any, route: str, body: Any, create: Callable[[], 
 
 
 def _create(gw: Gateway, key: Any, route: str, body: Any) -> tuple:
+    # A stream's first event is in hand when its body is returned: a failover, if any, has happened.
     if route == 'responses':
         call = responses.prepare(gw, key, body)
-        return _sse(dispatch.stream(gw, call)) if call.stream else _json(200, dispatch.respond(gw, call))
-    call = chat_completions.prepare(gw, key, body)
-    return _sse(chat_completions.stream(gw, call)) if call.stream else _json(200, chat_completions.complete(gw, call))
+        status, headers, data = _sse(dispatch.stream(gw, call)) if call.stream else \
+            _json(200, dispatch.respond(gw, call))
+    else:
+        call = chat_completions.prepare(gw, key, body)
+        status, headers, data = _sse(chat_completions.stream(gw, call)) if call.stream else \
+            _json(200, chat_completions.complete(gw, call))
+    return status, headers + [fallbacks.header(call.answering)], data
 
 
 def _missing(response_id: str) -> GatewayError:
