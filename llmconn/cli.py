@@ -124,8 +124,9 @@ def cmd_check(args) -> int:
     for conn in conf.llm:
         state = '' if conn.is_active else '  (inactive)'
         secret = 'secret set' if conn.secret_value else 'no secret'
-        print(f'  {conn.name}: provider={conn.provider} model={conn.model} address={mask_url(conn.address)} '
-              f'[{secret}]{state}')
+        fallbacks = f' fallbacks={", ".join(conn.fallbacks)}' if conn.fallbacks else ''
+        print(f'  {conn.name}: provider={conn.provider} model={conn.model} address={mask_url(conn.address)}'
+              f'{fallbacks} [{secret}]{state}')
     if args.connect:
         return check_connect(args.config)
     return 0

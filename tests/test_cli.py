@@ -39,6 +39,16 @@ def test_check_lists_connections_without_secrets(config):
     assert 'sk-cli-secret' not in done.stdout + done.stderr
 
 
+def test_check_shows_each_connections_fallbacks(config):
+    config.write_text(config.read_text().replace('secret: sk-cli-secret-never-printed',
+                                                 'secret: sk-cli-secret-never-printed\n    fallbacks: [Fake OpenAI]'))
+    done = llmconn('check', str(config))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.strip().startswith('Fake Claude:') and 'fallbacks=Fake OpenAI [secret set]' in line for line in lines)
+    assert 'fallbacks=' not in next(line for line in lines if line.strip().startswith('Fake OpenAI:'))
+
+
 def test_check_of_a_bad_file_exits_1_with_the_error(tmp_path):
     path = tmp_path / 'bad.yaml'
     path.write_text('llm:\n  - name: x\n    model: m\n    provider: nope\n')
