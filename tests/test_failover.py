@@ -400,3 +400,23 @@ def test_a_provider_side_chain_is_not_continued_across_connections(make, provide
     # Back on the primary, the whole window goes again: not a chain through the fallback's response.
     assert 'previous_response_id' not in bodies[-1]
     assert [i['role'] for i in bodies[-1]['input'] if 'role' in i] == ['user', 'assistant'] * 2 + ['user']
+
+
+def test_the_documented_failover_example_loads_and_fails_over(provider, redis_url, monkeypatch, open_registry):
+    import yaml
+    from pathlib import Path
+    page = (Path(__file__).parent.parent / 'docs' / 'gateway.md').read_text()
+    example = yaml.safe_load(page.split('## Failover', 1)[1].split('```yaml\n', 1)[1].split('```', 1)[0])
+    for name in ('TEAM_A_GATEWAY_KEY', 'ANTHROPIC_API_KEY', 'OPENAI_API_KEY', 'GEMINI_API_KEY'):
+        monkeypatch.setenv(name, f'sk-{name.lower()}-for-the-docs-test')
+    addresses = {'claude': provider.url, 'openai': provider.url + '/v1', 'gemini': provider.url + '/v1beta'}
+    for conn in example['llm']:             # the fake provider stands in for the three providers
+        conn['address'] = addresses[load_dict({'llm': [dict(conn, fallbacks=[])]}).llm[0].provider]
+    registry = open_registry(dict(example, redis={'url': redis_url}))
+    support = registry['Support']
+    assert support.conf.fallbacks == ('Support OpenAI', 'Support Gemini') and support.conf.max_retries == 2
+    provider.fail(503, count=3, headers={'retry-after-ms': '1'})       # the retries first, then the fallback
+    assert support.invoke('hello')['connection'] == 'Support OpenAI'
+    provider.fail(503, count=6, headers={'retry-after-ms': '1'})     # and Support OpenAI's own
+    assert support.invoke('hello')['connection'] == 'Support Gemini'
+    assert support.invoke('hello')['connection'] == 'Support'
