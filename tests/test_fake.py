@@ -206,11 +206,12 @@ def _without_ids(value):
     return value
 
 
-def test_tool_turns_of_the_fake_answer_as_a_connection_on_the_fake_provider_does(provider, open_registry):
-    registry = open_registry({'llm': [{'name': 'Support', 'provider': 'claude', 'model': 'claude-sonnet-5-5',
+def test_tool_turns_of_the_fake_answer_as_a_connection_on_the_fake_provider_does(provider, open_registry, unique):
+    # A name of its own: memory:// is one store per process, shared with other tests' 'ann' chats.
+    registry = open_registry({'llm': [{'name': unique, 'provider': 'claude', 'model': 'claude-sonnet-5-5',
                                        'address': provider.url}]})
-    real = tool_session(registry['Support'])
-    fake = tool_session(FakeConnection(name='Support'))
+    real = tool_session(registry[unique])
+    fake = tool_session(FakeConnection(name=unique))
     assert real[0]['text'] == fake[0]['text'] == 'tool said: shipped'
     assert real[2]['text'] == fake[2]['text'] == 'tool said: approved'
     assert _without_ids(fake) == _without_ids(real)
