@@ -177,12 +177,22 @@ class WebSocket:
             if frame.fin:
                 whole = b''.join(self._fragments)
                 self._fragments = []
-                self._messages.append(whole.decode('utf-8') if self._text else whole)
+                if not self._text:
+                    self._messages.append(whole)
+                    continue
+                try:
+                    self._messages.append(whole.decode('utf-8'))
+                except UnicodeDecodeError as e:     # the protocol checks fragmented text only
+                    self._protocol.fail(CloseCode.INVALID_DATA, f'invalid UTF-8 at position {e.start}')
+                    break
         self._flush()       # pongs, the answer to a close, the close of a failed protocol
-        if self._protocol.parser_exc is not None:
-            self._end(f'the client broke the protocol: {self._protocol.parser_exc}')
-        elif self._protocol.close_rcvd is not None or self._protocol.state is State.CLOSED:
+        protocol = self._protocol
+        if protocol.parser_exc is not None:
+            self._end(f'the client broke the protocol: {protocol.parser_exc}')
+        elif protocol.close_rcvd is not None or protocol.state is State.CLOSED:
             self._end('the client closed the WebSocket')
+        elif protocol.close_sent is not None:       # failed here (text that is not UTF-8)
+            self._end(f'closed: {protocol.close_sent}')
 
     def _flush(self) -> None:
         for data in self._protocol.data_to_send():

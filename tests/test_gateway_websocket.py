@@ -490,12 +490,7 @@ def test_a_frame_announcing_a_gigabyte_is_refused_from_its_header(stack):
     """The size is refused as announced: the server closes at once, without waiting for the payload."""
     sock = socket.create_connection(('127.0.0.1', stack.ports[0]), timeout=20)
     try:
-        sock.sendall(('GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n'
-                      'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n'
-                      f'Authorization: Bearer {KEYS["a"][0]}\r\n\r\n').encode())
-        head = b''
-        while b'\r\n\r\n' not in head:
-            head += sock.recv(4096)
+        head = _raw_handshake(sock)
         assert head.startswith(b'HTTP/1.1 101')
         started = time.monotonic()
         sock.sendall(b'\x81\xff' + (2 ** 30).to_bytes(8, 'big') + b'mask')     # a masked text frame's header
@@ -539,3 +534,29 @@ def test_a_key_a_reload_removed_is_refused_on_its_open_socket_which_then_closes(
     finally:
         stop(proc)
         fake.stop()
+
+
+def test_a_text_message_that_is_not_utf8_closes_its_socket_with_1007(stack):
+    sock = socket.create_connection(('127.0.0.1', stack.ports[0]), timeout=20)
+    try:
+        head = _raw_handshake(sock)
+        assert head.startswith(b'HTTP/1.1 101')
+        sock.sendall(b'\x81\x86' + b'\x00' * 4 + b'\xff\xfe bad')       # a masked text frame, mask 0
+        answer = head.split(b'\r\n\r\n', 1)[1] + sock.recv(4096)
+        assert answer[0] == 0x88 and int.from_bytes(answer[2:4], 'big') == 1007
+    finally:
+        sock.close()
+    with stack.client().responses.connect() as conn:            # the process serves on, no traceback
+        assert completed(conn, model='Chat', input='after it')['status'] == 'completed'
+
+
+def _raw_handshake(sock) -> bytes:
+    sock.sendall(('GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n'
+                  'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n'
+                  f'Authorization: Bearer {KEYS["a"][0]}\r\n\r\n').encode())
+    head = b''
+    while b'\r\n\r\n' not in head:
+        chunk = sock.recv(4096)
+        assert chunk, head
+        head += chunk
+    return head
