@@ -60,6 +60,7 @@ from llmconn.types import CallSpec, Event, Reply, Request, Turn, drain
 from llmconn.usage import NO_LEDGER
 
 PING_TEXT = 'ping'              # what ping() asks a server that has no model list
+_NOT_COMPACTED = Compacted()    # what most calls send: no summary (read, never changed)
 
 
 @dataclass
@@ -266,7 +267,7 @@ class Connection:
         """The summary of what the window left behind, made now if its start just moved (see
         :mod:`llmconn.compaction`); none without ``compaction``, or while a turn waits for tool outputs."""
         if self.conf.compaction is None or pending is not None:
-            return Compacted()
+            return _NOT_COMPACTED
         return compact(self.conf, window, lambda: self.store.history(self.name, chat_id),
                        summarizer_of(self.conf, self.peers))
 

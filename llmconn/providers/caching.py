@@ -26,6 +26,7 @@ connection and chat id (:func:`chat_cache_key`), never the id's text.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import Any
@@ -35,6 +36,7 @@ MAX_BREAKPOINTS = 4                 # Claude refuses a request with more blocks 
 _unmarkable = ('thinking', 'redacted_thinking')     # Claude refuses cache_control on these
 
 
+@functools.lru_cache(maxsize=1024)      # a chat's calls each need it; a hash per call was most of its cost
 def chat_cache_key(connection: str, chat_id: str) -> str:
     """A chat's stable ``prompt_cache_key``: reveals neither the chat id nor the connection."""
     if not chat_id:

@@ -56,6 +56,7 @@ MAX_CACHED_TURN_BYTES = 8 * 1024 * 1024
 
 _from_dict = Turn.from_dict
 _loads = json.loads
+_NO_FILES: frozenset = frozenset()
 
 
 def _new_token() -> str:
@@ -119,13 +120,17 @@ class ChatStore:
             observe.lock_waited(conn_name, self._clock() - started)      # the wait of a call that gave up
             raise
         observe.lock_waited(conn_name, self._clock() - started if place else 0.0)     # place 0: it was free
-        window_bytes, handed = mod_lock.split_files(window_bytes)
-        files = {**files, **handed}
-        turns = self._turns.decode(window_bytes)
-        if files:
-            turns = with_files(turns, files)
-        lock = ChatLock(self, keys, token, ttl_ms, turns, place, frozenset(files))
-        self.hold(lock)
+        if not window_bytes:        # an empty window (a new chat, or max_history_turns: 1): nothing to decode
+            lock = ChatLock(self, keys, token, ttl_ms, [], place)
+        else:
+            window_bytes, handed = mod_lock.split_files(window_bytes)
+            if handed:
+                files = {**files, **handed}
+            turns = self._turns.decode(window_bytes)
+            if files:
+                turns = with_files(turns, files)
+            lock = ChatLock(self, keys, token, ttl_ms, turns, place, frozenset(files) if files else _NO_FILES)
+        self._held[token] = lock    # hold(): the renewer keeps it alive
         return lock
 
     # The lock's backend (:class:`~llmconn.store.lock.LockBackend`): what the lock module sends,
@@ -160,6 +165,8 @@ class ChatStore:
             return self.script('finish', finish_keys, args)
         for pause in SAVE_RESEND_PAUSES:
             try:
+                if not self.replicas:
+                    return self._runner.script('finish', finish_keys, args)
                 return self._save(finish_keys, args)
             except _UNANSWERED as exc:
                 if pause is None:
@@ -172,8 +179,7 @@ class ChatStore:
         raise AssertionError('unreachable')
 
     def _save(self, finish_keys: tuple, args: tuple) -> int:
-        if not self.replicas:
-            return self._runner.script('finish', finish_keys, args)
+        """FINISH and ``WAIT`` for the replicas in one round trip (``redis.replicas``)."""
         result, acks = self._runner.script_and_wait('finish', finish_keys, args, self.replicas,
                                                     self._replica_timeout_ms)
         if result != mod_lock.NOT_OURS and acks < self.replicas:

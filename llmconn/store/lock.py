@@ -425,7 +425,7 @@ def acquire(store: LockBackend, keys: 'ChatKeys', token: str, *, window: int | s
     wait_ms = int(lock_wait * 1000)
     reply = store.script('acquire', acquire_keys, (token, ttl_ms, window, wait_ms, b''))
     if reply[0] == 1:
-        return reply[1], 0, _files(reply)
+        return reply[1], 0, _files(reply) if len(reply) > 2 else _NO_FILES
     if wait_ms <= 0:
         raise busy()
     deadline = clock() + lock_wait
@@ -450,6 +450,9 @@ def acquire(store: LockBackend, keys: 'ChatKeys', token: str, *, window: int | s
         if not isinstance(exc, StoreError):
             _leave(store, keys, token, entry)
         raise
+
+
+_NO_FILES: dict = {}     # never written: what a window without attachments comes with
 
 
 def _files(reply: list) -> dict[str, str]:
@@ -536,11 +539,12 @@ class ChatLock:
         if counters is not None:
             extra_keys = (counters.key,)
             args += (_increments(counters.counts, counters.expiry),)
-        new = [(a.sha256, a.base64) for a in turn.attachments if a.sha256 and a.sha256 not in self.files
-               and a.present]       # what the chat may not hold yet (the window's it holds)
-        if new:
-            args = args if counters is not None else args + (b'',)
-            args += tuple(value for pair in dict(new).items() for value in pair)
+        if turn.attachments:
+            new = [(a.sha256, a.base64) for a in turn.attachments if a.sha256 and a.sha256 not in self.files
+                   and a.present]       # what the chat may not hold yet (the window's it holds)
+            if new:
+                args = args if counters is not None else args + (b'',)
+                args += tuple(value for pair in dict(new).items() for value in pair)
         result = self._store.finish(self._keys, args, durable=True, extra_keys=extra_keys)
         # A StoreError above leaves _open set, so release() still tries to unlock.
         self._open = False

@@ -24,6 +24,7 @@ the hot path's connections are never tied up by waiters.
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any, Callable, Protocol
 
 from gevent.monkey import get_original
@@ -110,15 +111,16 @@ class PooledRunner(RedisRunner):
     while it sat on the list (a zero-timeout select, about 1 µs, where
     redis-py's ``can_read`` costs 5): whatever is not the fast path is the
     pool's own checkout (for Sentinel, its master lookup). A forked child
-    starts with an empty list (the pool starts over there too). ``make
-    bench`` measures the runner side by side with :class:`RedisRunner`.
+    starts with an empty list (the pool starts over there too), emptied by a
+    fork hook rather than a ``getpid()`` per script. ``make bench`` measures
+    the runner side by side with :class:`RedisRunner`.
     """
 
     def __init__(self, make: Callable[[float | None], Any], sources: dict[str, str],
                  socket_timeout: float) -> None:
         super().__init__(make, sources, socket_timeout)
         self._free: list = []           # connections held out of the pool, in step, ready to send
-        self._pid = os.getpid()
+        _pooled.add(self)
 
     def script(self, name: str, keys: tuple, args: tuple) -> Any:
         script = self._scripts[name]
@@ -166,10 +168,9 @@ class PooledRunner(RedisRunner):
         raise AssertionError('unreachable')
 
     def _checkout(self) -> Any:
-        if self._pid != os.getpid():        # a forked child: its parent's sockets are not its own
-            self._free, self._pid = [], os.getpid()
-        while self._free:
-            conn = self._free.pop()
+        free = self._free
+        while free:
+            conn = free.pop()
             sock = conn._sock
             try:
                 # Readable while idle: the server closed it (a restart, a Sentinel failover's role
@@ -191,6 +192,19 @@ class PooledRunner(RedisRunner):
     def close(self) -> None:
         self._free = []
         super().close()             # the pool disconnects the ones it lent too
+
+
+# Runners of this process, so a forked child starts with empty free lists: its parent's sockets
+# are not its own (and a getpid() per script, the other way to tell, is a system call each).
+_pooled: 'weakref.WeakSet[PooledRunner]' = weakref.WeakSet()
+
+
+def _forget_parent_connections() -> None:
+    for runner in list(_pooled):
+        runner._free = []
+
+
+os.register_at_fork(after_in_child=_forget_parent_connections)
 
 
 def packed(conn: Any, *commands: tuple) -> list[bytes]:
