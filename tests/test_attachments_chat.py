@@ -183,3 +183,19 @@ def test_on_a_redis_cluster_the_attachments_live_in_their_chats_slot_and_come_ba
     assert node.hkeys(keys.beside('files')) == [scan.sha256.encode()]
     assert {node.cluster('keyslot', k) for k in (keys.turns, keys.beside('files'), keys.beside('filerefs'))} == {
         node.cluster('keyslot', keys.turns)}
+
+
+def test_attachments_lapsed_while_no_window_named_them_are_counted_again_when_named(make, redis_client):
+    # Only a save whose window (or turn) names attachments keeps them alive, so they may lapse
+    # while older turns still name them; a turn naming one again counts those turns first, or
+    # trimming the oldest would free the bytes the newest turn still needs.
+    conn = make(max_history_turns=3, max_stored_turns=4)
+    png = Attachment.from_bytes(PNG, 'image/png')
+    conn.chat('one', chat_id='l', attachments=[png])
+    for text in ('two', 'three', 'four'):
+        conn.chat(text, chat_id='l')            # "four"'s window (two, three) names nothing
+    keys = chat_keys(conn.name, 'l')
+    redis_client.delete(keys.beside('files'), keys.beside('filerefs'))     # as if they had lapsed
+    conn.chat('five', chat_id='l', attachments=[png])       # trims "one", which names the PNG too
+    assert redis_client.hgetall(keys.beside('filerefs')) == {png.sha256.encode(): b'1'}
+    assert conn.chat('six', chat_id='l')['text'].endswith('files: 1')         # "five" still has its PNG

@@ -44,6 +44,9 @@ def test_free_chat_takes_lock_and_window_in_set_lpop_lrange(redis_server):
     assert counted['get'] == CALLS
     assert counted['set'] == CALLS
     assert counted['lpop'] == 2 * CALLS      # ACQUIRE's and FINISH's look at the queue
+    # FINISH expires the turns and the saved tokens; a chat whose window and turn name no attachment
+    # leaves its attachments' hashes alone.
+    assert counted['pexpire'] == 2 * CALLS
     # The saved tokens are trimmed only once they exceed SAVED_TOKENS by 16.
     assert 'ltrim' not in counted
 

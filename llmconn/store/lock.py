@@ -223,7 +223,10 @@ return {0, redis.call('PTTL', KEYS[1]), 0, entry}
 #   KEYS[1] - lock, KEYS[2] - turns, KEYS[3] - queue, KEYS[4] - saved tokens
 #   ARGV[1] - our token, ARGV[2] - the turn as compact JSON ('' = release, save nothing),
 #   ARGV[3] - max stored turns, ARGV[4] - chat expiry (ms),
-#   ARGV[5] - '1' to replace the last stored turn (a pending one) instead of appending,
+#   ARGV[5] - '1' to replace the last stored turn (a pending one) instead of appending, else '0';
+#             followed by 'f' when the window or the turn names attachments: only then are the
+#             chat's attachments kept alive with its turns (their bytes are only ever sent with
+#             a turn of the window, and the window only moves on)
 #   ARGV[6] - our queue entry, when we give up waiting, or ''
 #   KEYS[5], ARGV[7] (optional) - a hash in this slot (a usage ledger) and its increments as
 #   one string, "<expiry s> <field> <increment> <field> <increment> ...", space-separated
@@ -233,7 +236,9 @@ return {0, redis.call('PTTL', KEYS[1]), 0, entry}
 #   ARGV[8], ARGV[9], ... - pairs of sha256 and base64 bytes: the turn's attachments, kept in
 #   the "files" hash beside KEYS[2] unless there already; "filerefs" beside it counts the
 #   turns naming each (their "sha256":"..." in the JSON), and a hash no turn names any
-#   more (trimmed or replaced) is deleted; both expire with the chat
+#   more (trimmed or replaced) is deleted; both expire with the chat's last save that had
+#   attachments in its window (then no window will name them again); a turn naming one
+#   while "filerefs" has lapsed counts the stored turns' names again first
 # Returns 1 - saved (or released); 2 - this token's turn was saved before (a re-sent
 # save: nothing written again); 0 - the lock was not ours (nothing written).
 FINISH = """
@@ -283,11 +288,18 @@ if ARGV[2] ~= '' then
         redis.call('HSETNX', files, ARGV[i], ARGV[i + 1])
     end
     if string.find(ARGV[2], '"sha256":"', 1, true) then     -- a plain search first: most turns name none
+        if redis.call('EXISTS', refs) == 0 then     -- new, or lapsed while no window named any: count again
+            for _, turn in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+                for sha in string.gmatch(turn, '"sha256":"(%x+)"') do
+                    redis.call('HINCRBY', refs, sha, 1)
+                end
+            end
+        end
         for sha in string.gmatch(ARGV[2], '"sha256":"(%x+)"') do
             redis.call('HINCRBY', refs, sha, 1)
         end
     end
-    if ARGV[5] == '1' and redis.call('LLEN', KEYS[2]) > 0 then
+    if string.byte(ARGV[5], 1) == 49 and redis.call('LLEN', KEYS[2]) > 0 then     -- '1': replace
         unref(redis.call('LINDEX', KEYS[2], -1))
         redis.call('LSET', KEYS[2], -1, ARGV[2])
     else
@@ -300,7 +312,10 @@ if ARGV[2] ~= '' then
         end
     end
     redis.call('PEXPIRE', KEYS[2], ARGV[4])
-    if redis.call('PEXPIRE', files, ARGV[4]) == 1 then redis.call('PEXPIRE', refs, ARGV[4]) end
+    if string.byte(ARGV[5], 2) == 102 then      -- 'f': the window or the turn names attachments
+        redis.call('PEXPIRE', files, ARGV[4])
+        redis.call('PEXPIRE', refs, ARGV[4])
+    end
     if redis.call('LPUSH', KEYS[4], ARGV[1]) > 80 then      -- trimmed once per 17 saves, to SAVED_TOKENS
         redis.call('LTRIM', KEYS[4], 0, 63)
     end
@@ -475,6 +490,9 @@ def _fence(store: LockBackend, keys: 'ChatKeys', token: str) -> None:
     store.finish(keys, (token, b'', 0, 0, b'0', b''), durable=False)
 
 
+# FINISH's ARGV[5] of a save: (replace the last turn, keep the chat's attachments alive) -> flags.
+_SAVE_FLAGS = {(False, False): b'0', (True, False): b'1', (False, True): b'0f', (True, True): b'1f'}
+
 _formats: dict[tuple, str] = {}         # (*fields, expiry) -> FINISH's ARGV[7] with %d for each increment
 MAX_FORMATS = 1024                      # field sets are per connection, model and key: few
 
@@ -534,7 +552,9 @@ class ChatLock:
             raise self._lost()
         # surrogatepass: a lone surrogate in a text is stored, not a crash; json.loads reads it back.
         data = _dumps(turn.to_dict()).encode('utf-8', 'surrogatepass')
-        args = (self._token, data, max_turns, max(1, int(expiry * 1000)), b'1' if replace_last else b'0', b'')
+        # The chat's attachments are kept alive only by a save whose window or turn names some.
+        flags = _SAVE_FLAGS[replace_last, bool(self.files) or any(a.sha256 for a in turn.attachments)]
+        args = (self._token, data, max_turns, max(1, int(expiry * 1000)), flags, b'')
         extra_keys = ()
         if counters is not None:
             extra_keys = (counters.key,)
