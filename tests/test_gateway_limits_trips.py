@@ -221,3 +221,35 @@ return out'''
         date = datetime.date(1970, 1, 1) + datetime.timedelta(days=day)
         first = (date.replace(day=1) - datetime.date(1970, 1, 1)).days
         assert got[2 * i:2 * i + 2] == [date.year * 100 + date.month, first], date
+
+
+@pytest.mark.parametrize('route', ['chat/completions', 'responses'])
+def test_a_stream_the_client_left_counts_its_estimated_tokens_and_their_cost(gateway, route, redis_server):
+    lim = _park_limits_flusher(gateway)
+    chat(gateway, 'limited')
+    lim.flush()
+    window, spend = counters(redis_server, 'key-limited')
+    body = ({'model': 'Chat', 'messages': [{'role': 'user', 'content': 'write a long story'}]} if route != 'responses'
+            else {'model': 'Chat', 'input': 'write a long story'})
+    status, headers, data = _open(gateway, 'limited', route, dict(body, stream=True))
+    assert status == 200
+    seen = b''
+    for chunk in data:
+        seen += chunk
+        if seen.count(b'delta') >= 2:
+            break
+    data.close()                    # the client left
+    assert b'[DONE]' not in seen and b'response.completed' not in seen
+    lim.flush()                     # Chat's waits in the process; a Response's cancelled record carried it
+    window_after, spend_after = counters(redis_server, 'key-limited')
+    tokens, cost = int(window_after['t']) - int(window['t']), int(spend_after['s']) - int(spend['s'])
+    assert tokens >= 1
+    assert cost == tokens * 8       # output tokens only, at $8 per million: 8 micro-USD each
+
+
+def _open(registry, key: str, route: str, body: dict):
+    raw = json.dumps(body).encode()
+    environ = {'wsgi.input': io.BytesIO(raw), 'CONTENT_LENGTH': str(len(raw)), 'REQUEST_METHOD': 'POST',
+               'HTTP_AUTHORIZATION': f'Bearer {KEYS[key][0]}'}
+    status, headers, data = routes.handle(registry, environ, 'POST', f'/v1/{route}', 'cid-test')
+    return status, dict(headers), iter(data)
