@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,8 @@ KEYS = {
     'roomy': ('sk-gw-limits-roomy-secret', '{rpm: 100, tpm: 1000000}'),
     'shown': ('sk-gw-limits-shown-secret', '{rpm: 50, tpm: 1000000, budget_usd: 5, budget_period: month}'),
     'free': ('sk-gw-limits-free-secret', '{}'),
+    'spree': ('sk-gw-limits-spree-secret', '{budget_usd: 0.1, budget_period: day}'),
+    'paused': ('sk-gw-limits-paused-secret', '{rpm: 100000}'),
 }
 
 
@@ -183,6 +186,75 @@ def test_spent_budget_is_insufficient_quota_on_either_process(stack):
         e = refused.value
         assert e.code == 'insufficient_quota' and 'budget' in e.message
         assert int(e.response.headers['Retry-After']) > 0
+
+
+def test_two_processes_overspend_a_budget_by_at_most_the_requests_in_flight(stack):
+    # $1,000 per million tokens: a call of ~10 tokens costs ~1 cent, so the 10-cent budget takes ~10 of them.
+    threads = 8                         # at most this many requests in flight at once, over both processes
+    clients = [stack.client('spree', i % 2) for i in range(threads)]
+    admitted: list[int] = []            # each admitted call's tokens
+
+    def loop(client):
+        for _ in range(100):
+            try:
+                answer = client.chat.completions.create(model='Chat', messages=[{'role': 'user', 'content': 'hi'}])
+            except openai.RateLimitError as e:
+                assert e.code == 'insufficient_quota'
+                return
+            admitted.append(answer.usage.total_tokens)
+        raise AssertionError('the budget never refused')
+
+    stack.fake.latency = 0.2            # calls overlap, so several are in flight when the budget is reached
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(loop, clients))
+    finally:
+        stack.fake.latency = 0
+    costs = [tokens * 1000 for tokens in admitted]      # micro-USD
+    budget = 100_000
+    # Admitted while the spend was below the budget, plus at most one more per request in flight then.
+    below = next(i for i in range(len(costs) + 1) if sum(costs[:i]) >= budget)
+    assert below <= len(costs) <= below + threads, (len(costs), below)
+    assert sum(costs) - budget < threads * max(costs)
+    time.sleep(0.5)                     # what each process kept is written within its interval
+    lines = subprocess.run([sys.executable, '-m', 'llmconn', 'usage', '--config', str(stack.config)],
+                           capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout.splitlines()
+    line = next(line for line in lines if line.startswith('key-spree '))
+    assert f'{sum(costs) / 1e6:.4f} / 0.1000' in line, line      # every admitted call counted, once
+
+
+def test_redis_paused_mid_burst_is_503_within_the_store_timeout_never_a_hang():
+    s = Stack(1)
+    try:
+        client = OpenAI(base_url=f'http://127.0.0.1:{s.ports[0]}/v1', api_key=KEYS['paused'][0], max_retries=0,
+                        timeout=60)
+
+        def one(_):
+            started = time.monotonic()
+            try:
+                _chat(client)
+                outcome = 200
+            except openai.APIStatusError as e:
+                outcome = e.status_code
+            return outcome, time.monotonic() - started
+
+        _chat(client)
+        with ThreadPoolExecutor(6) as pool:
+            burst = pool.map(one, range(12))
+            time.sleep(0.05)
+            os.kill(s.redis.process.pid, signal.SIGSTOP)
+            try:
+                outcomes = list(burst)
+            finally:
+                os.kill(s.redis.process.pid, signal.SIGCONT)
+        codes = {code for code, _ in outcomes}
+        assert codes <= {200, 503} and 503 in codes, outcomes
+        # Twice the store's socket timeout (5 s, retried once) at most: well short of the client's 60 s.
+        assert max(seconds for _, seconds in outcomes) < 25, outcomes
+        assert _chat(client).status_code == 200          # Redis back: served again
+    finally:
+        s.close()
 
 
 def test_redis_down_with_limits_is_503_never_unlimited():
