@@ -253,3 +253,14 @@ def _open(registry, key: str, route: str, body: dict):
                'HTTP_AUTHORIZATION': f'Bearer {KEYS[key][0]}'}
     status, headers, data = routes.handle(registry, environ, 'POST', f'/v1/{route}', 'cid-test')
     return status, dict(headers), iter(data)
+
+
+def test_closing_with_redis_down_logs_what_is_lost_and_returns(gateway, redis_server, caplog):
+    lim = _park_limits_flusher(gateway)
+    chat(gateway, 'limited')
+    redis_server.stop()
+    started = time.monotonic()
+    lim.close()
+    assert time.monotonic() - started < 30
+    assert 'key-limited' in caplog.text and 'could not be counted' in caplog.text
+    assert lim._pending['key-limited'][1] > 0

@@ -138,6 +138,7 @@ class Limiter:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._failing = False
+        self._lost_reported: list = []
         _all.add(self)
 
     def plan(self, key: Any) -> Plan:
@@ -157,11 +158,21 @@ class Limiter:
         return (entry[1], entry[2]) if entry is not None else (0, 0)
 
     def give_back(self, plan: Plan, tokens: int, cost: int) -> None:
-        """A write of ``tokens`` and ``cost`` failed: keep them for the next one."""
+        """A write of ``tokens`` and ``cost`` failed: keep them for the next one (never written from here)."""
         if tokens or cost:
-            self.add(plan, tokens, cost, False)
+            self._keep(plan, tokens, cost)
+            if not self._closed:
+                self._wake_flusher(False)
 
     def add(self, plan: Plan, tokens: int, cost: int, urgent: bool) -> None:
+        """Keep what a call spent; written by the key's next round trip or the flush thread."""
+        self._keep(plan, tokens, cost)
+        if self._closed:        # a call that ended after its limiter closed (a reloaded store)
+            self.flush()
+        else:
+            self._wake_flusher(urgent)
+
+    def _keep(self, plan: Plan, tokens: int, cost: int) -> None:
         with self._lock:
             entry = self._pending.get(plan.key.id)
             if entry is None:
@@ -169,9 +180,8 @@ class Limiter:
             else:
                 entry[1] += tokens
                 entry[2] += cost
-        if self._closed:
-            self.flush()
-            return
+
+    def _wake_flusher(self, urgent: bool) -> None:
         if self._thread is None:
             self._start()
         if urgent:
@@ -203,7 +213,7 @@ class Limiter:
                                         for plan, tokens, cost in entries])
             except StoreError as e:
                 for plan, tokens, cost in entries:
-                    self.give_back(plan, tokens, cost)
+                    self._keep(plan, tokens, cost)
                 if not self._failing:
                     logger.warning('Could not count the spend of %d gateway key(s) against their limits, '
                                    'keeping it to retry: %s', len(entries), e)
@@ -225,6 +235,9 @@ class Limiter:
         if not self.flush():
             with self._lock:
                 lost = [(entry[0].key.id, entry[1], entry[2]) for entry in self._pending.values()]
+            if lost == self._lost_reported:     # at exit, after the registry's close said so: not twice
+                return
+            self._lost_reported = lost
             for key_id, tokens, cost in lost:
                 logger.error('Gateway key %s: %d tokens and %d micro-USD could not be counted against its '
                              'limits before closing', key_id, tokens, cost)

@@ -1,0 +1,143 @@
+"""What per-key limits cost the gateway: its server CPU per request with a limited key against an unlimited one.
+
+One run starts its own redis-server (a free port, never the machine's), the
+fake provider in a subprocess and one ``llmconn serve`` with two gateway keys
+of one tenant: ``free`` (no limits) and ``limited`` (rpm, tpm and a budget,
+all far above what the run spends, so nothing is refused). Both routes are
+measured with both keys, side by side: each round runs one block of
+requests of each of the four ways, in an order shuffled anew each round, and
+the server's CPU time (user + system, ``/proc/PID/stat``) over each block
+divided by its requests is that block's CPU per request. The ratio per
+route is limited / free, per round; the median of the rounds is the figure,
+the ratio of the totals is shown beside it.
+
+    target (SPEC §18): limits on ≤ 1.05 × limits off, on both routes
+
+    .venv/bin/python bench/bench_limits.py [--quick] [--rounds N] [--clients N]
+"""
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import argparse  # noqa: E402
+import random  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import requests  # noqa: E402
+from gevent.pool import Pool  # noqa: E402
+
+from bench_gateway import cpu_seconds, process_tree  # noqa: E402
+from common import free_port, start_redis  # noqa: E402
+from llmconn.demo import start_server, stop  # noqa: E402
+from llmconn.testing.fake_server import FakeProviderServer  # noqa: E402
+
+KEYS = {'free': 'sk-bench-limits-free-key', 'limited': 'sk-bench-limits-limited-key'}
+LIMITS = '{rpm: 100000000, tpm: 1000000000000, budget_usd: 1000000000, budget_period: month}'
+TARGET = 1.05
+ROUNDS, BLOCK, CLIENTS = 12, 240, 8
+QUESTION = [{'role': 'user', 'content': 'hello gateway'}]
+
+
+def write_config(tmp: Path, fake_url: str, redis_url: str) -> Path:
+    config = tmp / 'llm.yaml'
+    config.write_text(f'''
+redis: {{url: "{redis_url}"}}
+gateway:
+  keys:
+    - {{id: bench-free, secret: {KEYS['free']}, tenant: bench, models: ["*"]}}
+    - {{id: bench-limited, secret: {KEYS['limited']}, tenant: bench, models: ["*"], limits: {LIMITS}}}
+llm:
+  - {{name: Chat, provider: openai, model: gpt-4.1, address: "{fake_url}/v1", max_retries: 0, pool_size: 600,
+     pricing: {{input: 2, output: 8}}}}
+''')
+    return config
+
+
+def ways(gateway: str) -> dict:
+    out = {}
+    for route, path, body in (('chat', 'chat/completions', {'model': 'Chat', 'messages': QUESTION}),
+                              ('responses', 'responses', {'model': 'Chat', 'input': 'hello gateway'})):
+        for key, secret in KEYS.items():
+            out[f'{route} {key}'] = (f'{gateway}/{path}', body, {'Authorization': f'Bearer {secret}'})
+    return out
+
+
+def run_block(way: tuple, clients: int, count: int, sessions: list) -> int:
+    url, body, headers = way
+
+    def client(index: int) -> None:
+        session = sessions[index]
+        for _ in range(count // clients):
+            answer = session.post(url, json=body, headers=headers, timeout=60)
+            if answer.status_code != 200:
+                raise RuntimeError(f'{url}: {answer.status_code} {answer.text[:200]}')
+
+    pool = Pool(clients)
+    for index in range(clients):
+        pool.spawn(client, index)
+    pool.join(raise_error=True)
+    return count // clients * clients
+
+
+def measure(all_ways: dict, pids: list[int], rounds: int, block: int, clients: int) -> dict:
+    """way -> [CPU seconds per request of each round]."""
+    sessions = [requests.Session() for _ in range(clients)]
+    for way in all_ways.values():
+        run_block(way, clients, clients * 8, sessions)         # warm: pools, scripts, caches
+    per_round: dict = {name: [] for name in all_ways}
+    order, shuffle = list(all_ways), random.Random(11).shuffle
+    for _ in range(rounds):
+        shuffle(order)
+        for name in order:
+            used = cpu_seconds(pids)
+            done = run_block(all_ways[name], clients, block, sessions)
+            per_round[name].append((cpu_seconds(pids) - used) / done)
+    for session in sessions:
+        session.close()
+    return per_round
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--quick', action='store_true', help='a third of the rounds')
+    parser.add_argument('--rounds', type=int, default=ROUNDS)
+    parser.add_argument('--block', type=int, default=BLOCK, help='requests per way and round')
+    parser.add_argument('--clients', type=int, default=CLIENTS, help='concurrent clients')
+    args = parser.parse_args()
+    rounds = max(3, args.rounds // 3) if args.quick else args.rounds
+    tmp = Path(tempfile.mkdtemp(prefix='bench-limits-'))
+    (tmp / 'services').mkdir()
+    redis_proc, redis_url = start_redis()
+    fake = FakeProviderServer.spawn()
+    server = None
+    try:
+        config = write_config(tmp, fake.url, redis_url)
+        port = free_port()
+        server = start_server(config, tmp / 'services', port, extra=['--log-level', 'WARNING'])
+        per_round = measure(ways(f'http://127.0.0.1:{port}/v1'), process_tree(server.pid), rounds, args.block,
+                            args.clients)
+    finally:
+        if server is not None:
+            stop(server)
+        fake.stop()
+        redis_proc.kill()
+        redis_proc.wait()
+    print(f'Gateway CPU per request, limited key vs unlimited ({rounds} rounds of {args.block} requests per way, '
+          f'{args.clients} clients)')
+    print(f'{"route":>10} {"free ms":>9} {"limited ms":>11} {"ratio":>7} {"of totals":>10}  target')
+    for route in ('chat', 'responses'):
+        free, limited = per_round[f'{route} free'], per_round[f'{route} limited']
+        ratio = statistics.median(lim / off for lim, off in zip(limited, free) if off)
+        totals = sum(limited) / sum(free)
+        verdict = 'yes' if ratio <= TARGET else 'NO'
+        print(f'{route:>10} {statistics.median(free) * 1000:9.3f} {statistics.median(limited) * 1000:11.3f} '
+              f'{ratio:7.3f} {totals:10.3f}  limits on ≤ {TARGET} × off: {verdict}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
