@@ -52,6 +52,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) bench/bench_failover.py $(BENCH_ARGS)
 	$(PY) bench/bench_gateway.py $(BENCH_ARGS)
 	$(PY) bench/bench_floor.py $(BENCH_ARGS)
+	$(PY) bench/bench_limits.py $(BENCH_ARGS)
 	$(PY) bench/bench_litellm.py --litellm $(BENCH_VENV)/bin/litellm $(BENCH_ARGS)
 
 bench-litellm: $(STAMP) $(BENCH_STAMP)
