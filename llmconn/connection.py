@@ -299,6 +299,8 @@ class Connection:
                     taken = None if started or loop.rounds or not why else self._fallback(plan, conn, current,
                                                                                            why, tally)
                     if taken is None:
+                        if conn is not self:        # no one answered: the call failed as the primary's
+                            tally.counted_under(self.usage.prefix(self.name, self.conf.model, spec.key_id))
                         raise
                 finally:
                     events.close()      # a caller that stopped reading closes the provider's stream now

@@ -34,7 +34,8 @@ status or a kind), counted in the metrics
 (``llmconn_failovers_total{connection,fallback,reason}``) and in the usage
 ledger (``failovers`` under the connection that failed); the call itself
 is counted once, under the connection that answered, which the result's
-``connection`` names.
+``connection`` names - or, when none did, as a failed call of the
+connection it was made on (the error raised is the last one's).
 """
 
 from __future__ import annotations

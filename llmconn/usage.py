@@ -328,6 +328,10 @@ class CallTally:
         self.ledger.add(self.prefix, {'failovers': 1})
         self.prefix = prefix
 
+    def counted_under(self, prefix: str) -> None:
+        """The call counts under ``prefix`` after all (a call whose every fallback failed: its own connection's)."""
+        self.prefix = prefix
+
     def answered(self, reply: Any) -> None:
         """A provider round answered: its tokens are spent, whatever happens to the call next."""
         spent = self.spent
@@ -395,6 +399,9 @@ class _NoTally:
         pass
 
     def failed_over(self, prefix: str) -> None:
+        pass
+
+    def counted_under(self, prefix: str) -> None:
         pass
 
     def answered(self, reply: Any) -> None:

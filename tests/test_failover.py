@@ -316,6 +316,27 @@ def test_the_ledger_counts_the_call_under_who_answered_and_the_failover_under_wh
     assert by[f'{unique}-chat']['input_tokens'] > 0
 
 
+def test_a_call_no_fallback_answered_counts_as_a_failed_call_of_its_own_connection(make, provider, unique,
+                                                                                   recorder):
+    registry = make()
+    provider.fail(502, count=3)
+    with pytest.raises(LLMError):
+        registry[f'{unique}-p'].invoke('hello')
+    registry.usage.flush()
+
+    def rows():
+        found = read_usage(registry.store)
+        return {r['connection']: r for r in found if r['connection'].startswith(unique)}
+
+    wait_until(lambda: rows().get(f'{unique}-p', {}).get('errors') == 1, 'the failed call in the ledger')
+    by = rows()
+    assert (by[f'{unique}-p']['calls'], by[f'{unique}-p']['failovers']) == (1, 1)
+    assert by[f'{unique}-p']['errors_by_status'] == {'502': 1}
+    assert (by[f'{unique}-chat']['calls'], by[f'{unique}-chat']['failovers']) == (0, 1)
+    assert f'{unique}-gemini' not in by
+    assert [f[:2] for f in recorder.failovers] == [(f'{unique}-p', f'{unique}-chat'), (f'{unique}-chat', f'{unique}-gemini')]
+
+
 # ---- configuration
 
 
