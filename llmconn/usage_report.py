@@ -106,10 +106,13 @@ def _cell(name: str, value: Any) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-    """Rows as an aligned text table with a total line; a KEY column only when a row has a key."""
+    """Rows as an aligned text table with a total line; a KEY column only when a row has a key, and a
+    FAILOVERS column (calls that moved on to a fallback, see llmconn.failover) only when one has any."""
     columns = list(_COLUMNS)
     if any(row['key'] for row in rows):
         columns.insert(3, ('key', 'KEY'))
+    if any(row.get('failovers') for row in rows):
+        columns.insert(columns.index(('errors', 'ERRORS')) + 1, ('failovers', 'FAILOVERS'))
     if not rows:
         return 'no usage recorded'
     total = {name: sum(row[name] for row in rows) if name in COUNTERS else '' for name, _ in columns}

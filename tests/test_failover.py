@@ -17,7 +17,7 @@ import pytest
 from llmconn import Attachment, ChatBusy, ConfigError, LLMError, observe
 from llmconn.config import load_dict
 from llmconn.store.keys import chat_keys
-from llmconn.usage_report import read_usage
+from llmconn.usage_report import format_table, read_usage
 from conftest import free_port
 from waiting import wait_until
 
@@ -314,6 +314,12 @@ def test_the_ledger_counts_the_call_under_who_answered_and_the_failover_under_wh
     assert by[f'{unique}-p']['failovers'] == 2 and by[f'{unique}-p']['calls'] == 0
     assert by[f'{unique}-chat']['calls'] == 2 and by[f'{unique}-chat']['errors'] == 0
     assert by[f'{unique}-chat']['input_tokens'] > 0
+    table = format_table(list(by.values())).splitlines()
+    header = table[0].split()
+    assert header[header.index('ERRORS') + 1] == 'FAILOVERS'
+    primary = next(line.split() for line in table if f'{unique}-p ' in line)
+    assert primary[header.index('FAILOVERS')] == '2'
+    assert 'FAILOVERS' not in format_table([by[f'{unique}-chat']])
 
 
 def test_a_call_no_fallback_answered_counts_as_a_failed_call_of_its_own_connection(make, provider, unique,
