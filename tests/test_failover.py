@@ -135,6 +135,27 @@ def test_a_stream_that_breaks_after_its_first_event_does_not_fail_over(make, pro
     assert registry[f'{unique}-p'].history('s') == []
 
 
+def test_a_stream_left_after_a_failover_frees_the_chat_and_the_fallback(make, provider, unique, redis_client):
+    registry = make()
+    primary, fallback = registry[f'{unique}-p'], registry[f'{unique}-chat']
+    provider.fail(500, count=1)
+    events = primary.stream('a long answer please', chat_id='left')
+    assert next(events).type == 'text'
+    assert fallback.calls.count == 1 and primary.calls.count == 1
+    events.close()
+    assert fallback.calls.count == 0 and primary.calls.count == 0
+    assert not redis_client.exists(chat_keys(primary.name, 'left').lock)
+    assert primary.history('left') == []
+
+
+def test_an_inactive_fallback_is_skipped(make, provider, unique):
+    llm = conns(provider.url, unique)
+    llm[1]['is_active'] = False
+    registry = make(llm)
+    provider.fail(500, count=1)
+    assert registry[f'{unique}-p'].invoke('hello')['connection'] == f'{unique}-gemini'
+
+
 def test_a_fallback_that_cannot_take_the_attachment_is_skipped(make, provider, unique):
     # Chat Completions takes only images by URL; Gemini takes a PDF by URL.
     registry = make()
