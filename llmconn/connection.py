@@ -306,6 +306,7 @@ class Connection:
                     events.close()      # a caller that stopped reading closes the provider's stream now
                 if held is not None:
                     held.__exit__(None, None, None)
+                    held = None
                 conn, current = taken
                 # A provider-side chain is its own connection's: the fallback is sent the window itself.
                 window = [replace(t, state={}) if t.state else t for t in window]

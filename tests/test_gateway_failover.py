@@ -158,3 +158,19 @@ def test_usage_and_metrics_count_the_answering_connection_and_the_failover(gw, f
     assert flaky == {'failovers': 1}
     metrics = requests.get(f'http://127.0.0.1:{gw.ports[0]}/metrics', timeout=10).text
     assert 'llmconn_failovers_total{connection="Flaky",fallback="Chat",reason="500"}' in metrics
+
+
+def test_a_response_over_a_websocket_fails_over_and_names_who_answered(gw, fake):
+    from test_gateway_websocket import response_events
+    fake.fail(500)
+    with gw.client().responses.connect() as conn:
+        conn.response.create(model='Flaky', input='hello over a socket')
+        events = response_events(conn)
+        check_stream(events)
+        assert events[0]['response']['metadata'] == {'llmconn_served_by': 'Chat'}
+        assert events[-1]['type'] == 'response.completed'
+        assert events[-1]['response']['metadata'] == {'llmconn_served_by': 'Chat'}
+        conn.response.create(model='Flaky', input='and again', previous_response_id=events[-1]['response']['id'])
+        again = response_events(conn)
+    assert again[-1]['response']['metadata'] == {} and 'users: 2' in json.dumps(again[-1]['response']['output'])
+    assert paths(fake) == ['/v1/messages', '/v1/chat/completions', '/v1/messages']
