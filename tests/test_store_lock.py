@@ -9,6 +9,7 @@ import pytest
 
 from llmconn.errors import ChatBusy, LockLost
 from llmconn.store import chat_keys, open_store
+from llmconn.store.lock import QUEUED
 from llmconn.types import Turn
 
 TTL = 5.0
@@ -289,9 +290,12 @@ def test_a_caller_that_just_released_cannot_jump_the_queue(store, other, unique,
 
 
 def dead_waiter(redis_client, keys, token: str, ttl_ms: int, deadline_ms: int) -> None:
-    """Queue an entry for a waiter that will never claim anything (killed while waiting)."""
+    """Queue an entry for a waiter that will never claim anything (killed while waiting), and mark
+    the holder's lock QUEUED as its ACQUIRE did."""
     now_s, now_us = redis_client.time()
     redis_client.rpush(keys.queue, f'{token}:{ttl_ms}:{now_s * 1000 + now_us // 1000 + deadline_ms}:5')
+    if not redis_client.get(keys.lock).endswith(QUEUED.encode()):
+        redis_client.append(keys.lock, QUEUED)
 
 
 def test_a_waiter_killed_in_the_queue_blocks_the_chat_at_most_its_lock_ttl(store, other, unique, redis_client):
@@ -299,7 +303,7 @@ def test_a_waiter_killed_in_the_queue_blocks_the_chat_at_most_its_lock_ttl(store
     holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
     dead_waiter(redis_client, keys, 'dead00', ttl_ms=400, deadline_ms=10_000)
     holder.release()
-    assert redis_client.get(keys.lock) == b'dead00'     # handed to it, in its turn
+    assert redis_client.get(keys.lock) == b'dead00+'    # handed to it, in its turn (others may queue behind)
     started = time.monotonic()
     other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL).release()     # else ChatBusy after TTL
     assert time.monotonic() - started > 0.3
@@ -345,11 +349,29 @@ def test_a_lock_handed_to_a_waiter_as_it_gives_up_goes_to_the_next(store, other,
     holder = store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
     reply = other.script('acquire', (keys.lock, keys.turns, keys.queue, keys.seq), ('aa11', 5000, 5, 5000, b''))
     holder.release()                                   # hands the lock to aa11, which is giving up
-    assert redis_client.get(keys.lock) == b'aa11'
+    assert redis_client.get(keys.lock) == b'aa11+'
     from llmconn.store.lock import _leave
     _leave(other, keys, 'aa11', reply[3])
     assert not redis_client.exists(keys.lock)
     other.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=0).release()
+
+
+def test_the_head_of_the_line_taking_a_dead_holders_lock_marks_it_for_the_one_behind(store, unique,
+                                                                                 redis_client):
+    # The holder died (its lock expired) with two calls in line. The first to look again takes the
+    # free lock as the head of the line; the lock is marked QUEUED, so its release hands the chat to
+    # the second instead of only deleting the lock (a save looks at the queue only when marked).
+    keys = chat_keys(unique, 'c')
+    acquire_keys = (keys.lock, keys.turns, keys.queue, keys.seq)
+    store.begin(unique, 'c', window=5, lock_ttl=TTL, lock_wait=TTL)
+    first = store.script('acquire', acquire_keys, ('aa11', 5000, 5, 5000, b''))
+    store.script('acquire', acquire_keys, ('bb22', 5000, 5, 5000, b''))
+    redis_client.delete(keys.lock)                          # the holder's lock expired
+    assert store.script('acquire', acquire_keys, ('aa11', 5000, 5, 5000, first[3]))[0] == 1
+    assert redis_client.get(keys.lock) == b'aa11' + QUEUED.encode()
+    store.finish(keys, ('aa11', b'', 0, 0, b'0', b''), durable=False)
+    assert redis_client.get(keys.lock) == b'bb22' + QUEUED.encode()    # handed on, with its wake-up
+    assert redis_client.llen(keys.wake('bb22')) == 1
 
 
 def test_a_cancelled_waiter_leaves_the_queue(store, other, unique, redis_client):

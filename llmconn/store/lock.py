@@ -7,7 +7,9 @@ chat. It carries the window read under the lock and ends in one of two ways:
 :meth:`ChatLock.release` (unlock without saving, e.g. the provider failed).
 
 The lock is a Redis string holding the call's random token, with an expiry
-of ``lock_ttl``. While held it is renewed (RENEW, below) by one
+of ``lock_ttl``; a waiter that queues appends ``+`` to it (:data:`QUEUED`), so
+that a save looks at the queue only when somebody queued while the lock was
+held (a lock handed over from the queue starts marked). While held it is renewed (RENEW, below) by one
 :class:`~llmconn.store.renewer.LockRenewer` per store, so a provider call
 may run far longer than ``lock_ttl``; only a holder that stops renewing
 loses it. Every script that writes, releases or
@@ -114,6 +116,11 @@ def split_files(window: bytes) -> tuple[bytes, dict[str, str]]:
 # FINISH's answers.
 DONE, ALREADY_SAVED, NOT_OURS = 1, 2, 0
 
+# What a lock's value ends with once somebody queued for it (or it was handed over from the
+# queue): "<token>+". Its holder's save then looks at the queue; a lock nobody queued for is
+# only deleted. Tokens are hex, so the mark is never part of one.
+QUEUED = '+'
+
 # Takes the lock and reads the window, or queues the caller.
 #   KEYS[1] - lock, KEYS[2] - turns, KEYS[3] - queue, KEYS[4] - seq
 #   ARGV[1] - our token, ARGV[2] - lock ttl (ms), ARGV[3] - the window: "W" (the last W turns)
@@ -125,7 +132,8 @@ DONE, ALREADY_SAVED, NOT_OURS = 1, 2, 0
 # KEYS[2]) - when the lock is ours (also when it already held our token: handed to us,
 # or this call re-sent after a lost reply); else {0, pttl of the holder, our place, our
 # entry}. A waiter the lock is handed to gets its window as one string, each attachment
-# a line "=<sha256>:<base64>" after the turns.
+# a line "=<sha256>:<base64>" after the turns. A caller that queues (or stays queued) marks
+# the holder's lock "<token>+" (QUEUED), and so does a lock taken with others queued.
 ACQUIRE = """
 local function window(spec)             -- the window's turns, and {sha256, base64, ...} of their attachments
     local n, step = string.match(spec, '^(%d+)/?(%d*)$')
@@ -173,7 +181,7 @@ end
 local holder = false
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     holder = redis.call('GET', KEYS[1])
-    if holder == ARGV[1] then
+    if holder == ARGV[1] or holder == ARGV[1] .. '+' then
         redis.call('PEXPIRE', KEYS[1], ARGV[2])
         return ours(ARGV[3])
     end
@@ -188,10 +196,12 @@ if not holder then
         end
         local token, ttl, deadline, size = string.match(entry, '^(%x+):(%d+):(%d+):([%d/]+)$')
         if token == ARGV[1] then
+            redis.call('SET', KEYS[1], ARGV[1] .. '+', 'PX', ARGV[2])   -- others may be queued behind us
             return ours(ARGV[3])
         end
         if token and tonumber(deadline) > clock() then
-            redis.call('SET', KEYS[1], token, 'PX', ttl)
+            holder = token .. '+'       -- others may be queued behind it
+            redis.call('SET', KEYS[1], holder, 'PX', ttl)
             local wake = KEYS[1] .. ':' .. token
             redis.call('RPUSH', wake, handed(size))
             redis.call('PEXPIRE', wake, ttl)
@@ -201,6 +211,9 @@ if not holder then
 end
 if ARGV[4] == '0' then
     return {0, redis.call('PTTL', KEYS[1]), 0, ''}
+end
+if string.byte(holder, -1) ~= 43 then       -- not marked '+' yet: its holder's save must look at the queue
+    redis.call('SET', KEYS[1], holder .. '+', 'KEEPTTL')
 end
 local entry = ARGV[5]
 if entry == '' or not redis.call('LPOS', KEYS[3], entry) then
@@ -240,7 +253,8 @@ return {0, redis.call('PTTL', KEYS[1]), 0, entry}
 #   attachments in its window (then no window will name them again); a turn naming one
 #   while "filerefs" has lapsed counts the stored turns' names again first
 # Returns 1 - saved (or released); 2 - this token's turn was saved before (a re-sent
-# save: nothing written again); 0 - the lock was not ours (nothing written).
+# save: nothing written again); 0 - the lock was not ours (nothing written). The queue is
+# looked at only when the lock is marked QUEUED; else the lock is deleted.
 FINISH = """
 local function window(spec)             -- as ACQUIRE's: the waiter's window, with its attachments
     local n, step = string.match(spec, '^(%d+)/?(%d*)$')
@@ -272,7 +286,8 @@ local function unref(turn)              -- a turn leaves the chat: its attachmen
         end
     end
 end
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local held = redis.call('GET', KEYS[1])
+if held ~= ARGV[1] and held ~= ARGV[1] .. '+' then
     if ARGV[2] ~= '' then
         for _, token in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
             if token == ARGV[1] then return 2 end
@@ -339,6 +354,10 @@ local function clock()
     end
     return now
 end
+if held == ARGV[1] then                 -- nobody queued while it was ours
+    redis.call('DEL', KEYS[1])
+    return 1
+end
 while true do
     local entry = redis.call('LPOP', KEYS[3])
     if not entry then
@@ -347,7 +366,7 @@ while true do
     end
     local token, ttl, deadline, size = string.match(entry, '^(%x+):(%d+):(%d+):([%d/]+)$')
     if token and token ~= ARGV[1] and tonumber(deadline) > clock() then
-        redis.call('SET', KEYS[1], token, 'PX', ttl)
+        redis.call('SET', KEYS[1], token .. '+', 'PX', ttl)    -- others may be queued behind it
         local wake = KEYS[1] .. ':' .. token
         redis.call('RPUSH', wake, window(size))     -- so the waiter need not read it again
         redis.call('PEXPIRE', wake, ttl)
@@ -356,12 +375,13 @@ while true do
 end
 """
 
-# Extends the lock, if it is still ours.
+# Extends the lock, if it is still ours (marked QUEUED or not).
 #   KEYS[1] - lock
 #   ARGV[1] - our token, ARGV[2] - lock ttl (ms)
 # Returns 1 when extended, 0 when the lock was no longer ours.
 RENEW = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local held = redis.call('GET', KEYS[1])
+if held ~= ARGV[1] and held ~= ARGV[1] .. '+' then
     return 0
 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
