@@ -134,8 +134,8 @@ def cli(gw, *args: str) -> str:
     return done.stdout.strip()
 
 
-@pytest.mark.parametrize('route', ROUTES)
-@pytest.mark.parametrize('backend', ['Claude', 'GeminiThinking'])
+# Each run starts a Python with llm's plugins: one per route, on the backends whose items a replay needs most.
+@pytest.mark.parametrize('backend, route', [('Claude', 'responses'), ('GeminiThinking', 'chat')])
 def test_the_cli_continues_a_conversation_from_its_logs(gw, backend, route):
     """``llm -c`` rebuilds the conversation from logs.db: the first tool turn goes back with its items."""
     opts = [x for k, v in options(backend, route).items() for x in ('-o', k, v)]
