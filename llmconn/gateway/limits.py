@@ -194,7 +194,7 @@ class Limiter:
         """Settle the key's kept spend and admit one request: one round trip; 429 or 503 when refused."""
         tokens, cost = self.take(plan)
         try:
-            result = self.redis.admit(plan.keys, plan.run(tokens, cost, ADMIT_ONE))
+            result = self.redis.admit(plan.keys, (*plan.args, tokens, cost, ADMIT_ONE))
         except BaseException:
             self.give_back(plan, tokens, cost)
             raise
@@ -322,16 +322,21 @@ class Admission:
     # -- riding another round trip (:meth:`llmconn.store.records.RecordStore.save`) -----------
 
     def admit_rider(self) -> 'Rider | None':
-        """Admission in the pipeline of another write, or None when admitted already."""
-        return None if self.grant is not None else Rider(self, ADMIT_ONE)
+        """Admission in the pipeline of another write, or None when admitted already (on a cluster: now)."""
+        if self.grant is not None:
+            return None
+        if self.limiter.redis.cluster:
+            self.admit()
+            return None
+        return Rider(self, ADMIT_ONE)
 
-    def settle_rider(self) -> 'Rider':
-        """The key's kept spend, written in the pipeline of another write."""
-        return Rider(self, SETTLE_ONLY)
+    def settle_rider(self) -> 'Rider | None':
+        """The key's kept spend, written in the pipeline of another write (on a cluster: left for later)."""
+        return None if self.limiter.redis.cluster else Rider(self, SETTLE_ONLY)
 
 
 class Rider:
-    """One ADMIT run queued on another write's pipeline, carrying the key's kept spend."""
+    """One ADMIT run sent after another write, in its round trip, carrying the key's kept spend."""
 
     __slots__ = ('admission', 'mode', 'tokens', 'cost')
 
@@ -340,23 +345,20 @@ class Rider:
         self.mode = mode
         self.tokens = self.cost = 0
 
-    def queue(self, pipe: Any) -> None:
+    def command(self) -> tuple | None:
+        """The command to send (None: nothing to), the kept spend now carried by it."""
         adm = self.admission
         self.tokens, self.cost = adm.limiter.take(adm.plan)
-        if self.mode == ADMIT_ONE or self.tokens or self.cost:
-            adm.limiter.redis.queue_admit(pipe, adm.plan.keys, adm.plan.run(self.tokens, self.cost, self.mode))
-        else:
-            self.mode = ''          # nothing to write
+        if self.mode == SETTLE_ONLY and not (self.tokens or self.cost):
+            return None
+        return adm.limiter.redis.command(adm.plan.keys, (*adm.plan.args, self.tokens, self.cost, self.mode))
 
-    def answer(self, results: list) -> None:
-        """The pipeline's answers to what :meth:`queue` added; an admission refused raises its 429."""
-        if not self.mode:
-            return
+    def answer(self, result: Any) -> None:
+        """The command's reply; an admission refused raises its 429, a failed one its 503."""
         adm = self.admission
-        result = results[0] if results else None
         if isinstance(result, BaseException):
             self.failed()
-            if adm.limiter.redis.missing_script(result):     # a new (or restarted) Redis: loaded once, then as usual
+            if adm.limiter.redis.missing_script(result):     # a new (or restarted) Redis: loaded once
                 if self.mode == ADMIT_ONE:
                     adm.grant = adm.limiter.admit(adm.plan)
                 else:

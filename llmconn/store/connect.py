@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from llmconn.errors import ConfigError
 from llmconn.store.history import ChatStore
+from llmconn.store.limits import ADMIT as LIMITS_ADMIT
 from llmconn.store.lock import ACQUIRE, FINISH, RENEW
 from llmconn.store.cluster import ClusterRunner
 from llmconn.store.runner import PooledRunner, RedisRunner, SentinelRunner
@@ -23,7 +24,7 @@ from llmconn.store.urls import CLUSTER, MEMORY, SENTINEL, RedisTarget, parse_red
 
 logger = logging.getLogger('llmconn.store')
 
-SCRIPTS = {'acquire': ACQUIRE, 'finish': FINISH, 'renew': RENEW}
+SCRIPTS = {'acquire': ACQUIRE, 'finish': FINISH, 'renew': RENEW, 'limits': LIMITS_ADMIT}
 
 # Connections per node for everything but blocked waiters.
 MAX_CONNECTIONS = 1000

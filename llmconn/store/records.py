@@ -31,9 +31,12 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable
 
 import redis
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmconn.errors import StoreError
+from llmconn.store.runner import packed
 
 if TYPE_CHECKING:
     from llmconn.store.history import ChatStore
@@ -112,24 +115,60 @@ class RecordStore:
     def save(self, record: dict, ttl: float, rider: Any = None) -> None:
         """Write ``record`` (with its ``tenant`` and ``id``) whole, expiring in ``ttl`` s.
 
-        ``rider`` (``queue(pipe)``, ``answer(results)``, ``failed()``) adds its
-        own commands to the same round trip: a pipeline, the record's SET first.
+        ``rider`` (``command()``, ``answer(reply)``, ``failed()``) sends one
+        command of its own in the same round trip, after the record's SET: both
+        packed into one send on one of the records' connections.
         """
         key, value = response_key(record['tenant'], record['id']), json.dumps(record, ensure_ascii=False)
-        if rider is None:
+        extra = rider.command() if rider is not None else None
+        if extra is None:
             self.put(key, value, ttl)
             return
-        pipe = self._client.pipeline(transaction=False)
-        pipe.set(key, value, px=max(1, int(ttl * 1000)))
-        rider.queue(pipe)
         try:
-            results = _run(pipe.execute, False)
+            stored, reply = _run(self._pair, ('SET', key, value, 'PX', max(1, int(ttl * 1000))), extra)
         except BaseException:
             rider.failed()
             raise
-        rider.answer(results[1:])
-        if isinstance(results[0], Exception):
-            _run(_raise, results[0])
+        rider.answer(reply)
+        if isinstance(stored, Exception):
+            _run(_raise, stored)
+
+    def _pair(self, first: tuple, second: tuple) -> list:
+        """Both commands in one send; each reply, or the error reply it was (raised for a broken connection).
+
+        redis-py's pipeline object costs more CPU than the second command's round trip would: for
+        redis-py's own connection classes the two are packed and read here, on a connection of the
+        client's pool (its checkout keeps AUTH, TLS, health checks and a Sentinel's master lookup);
+        a broken connection is retried once on a fresh one, as the client's own retry does.
+        """
+        pool = self._client.connection_pool
+        if not self._own_pool:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.execute_command(*first)
+            pipe.execute_command(*second)
+            return pipe.execute(raise_on_error=False)
+        for attempt in (1, 2):
+            conn = pool.get_connection()
+            try:
+                conn.send_packed_command(packed(conn, first, second))
+                replies = []
+                for _ in (first, second):
+                    try:
+                        replies.append(conn.read_response())
+                    except ResponseError as e:      # an error reply: the connection stays in step
+                        replies.append(e)
+            except (RedisConnectionError, RedisTimeoutError):
+                conn.disconnect()
+                if attempt == 2:
+                    raise
+                continue
+            except BaseException:
+                conn.disconnect()           # never reuse half a reply
+                raise
+            finally:
+                pool.release(conn)
+            return replies
+        raise AssertionError('unreachable')
 
     def get(self, tenant: str, response_id: str) -> dict | None:
         """The record of ``tenant``'s response, or None (unknown, expired, another tenant's, malformed id)."""
