@@ -19,7 +19,7 @@ import redis.connection
 
 from llmconn.gateway import limits, routes
 from llmconn.registry import Registry
-from llmconn.store.limits import _CALENDAR, limit_keys
+from llmconn.store.limits import _CALENDAR, limit_key
 
 N = 6
 KEYS = {
@@ -87,8 +87,8 @@ def respond(registry, key: str, **kw) -> tuple[int, dict, bytes]:
 
 def counters(redis_server, key_id: str) -> tuple[dict, dict]:
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    minute, spend = limit_keys(key_id)
-    return client.hgetall(minute), client.hgetall(spend)
+    counted = client.hgetall(limit_key(key_id))      # this minute's fields and this period's
+    return counted, counted
 
 
 def _park_limits_flusher(registry) -> limits.Limiter:
@@ -150,7 +150,7 @@ def test_responses_with_limits_cost_no_round_trip_more_than_without(gateway, mon
 
 def test_a_responses_refusal_leaves_no_record(gateway, redis_server):
     client = redis.Redis.from_url(redis_server.url)
-    minute, spend = limit_keys('key-limited')
+    minute = spend = limit_key('key-limited')
     client.hset(spend, mapping={'p': time.strftime('%Y%m', time.gmtime(client.time()[0])), 's': 10**9})
     before = set(client.scan_iter('llmconn:gw:resp:*'))
     status, headers, body = respond(gateway, 'limited')
@@ -168,6 +168,8 @@ def test_a_kept_spend_is_written_by_the_flusher_within_its_interval(gateway, red
     assert not lim._pending
     window, spend = counters(redis_server, 'key-limited')
     assert int(window['t']) > 0 and int(spend['s']) > 0
+    # The counters expire once their month (and a day) is over, whoever wrote them last.
+    assert 31 * 86400 < redis.Redis.from_url(redis_server.url).ttl(limit_key('key-limited')) <= 32 * 86400
 
 
 def test_a_spend_that_cannot_be_written_is_kept_and_written_later(gateway, redis_server):
@@ -189,7 +191,7 @@ def test_a_spend_that_cannot_be_written_is_kept_and_written_later(gateway, redis
 def test_windows_are_redis_clock_not_the_process_clock(gateway, redis_server, monkeypatch):
     client = redis.Redis.from_url(redis_server.url)
     now = client.time()[0]
-    minute, spend = limit_keys('key-daily')
+    minute = spend = limit_key('key-daily')
     # Counters of another minute and another day count as nothing, whatever this process's clock says.
     client.hset(minute, mapping={'m': now // 60 - 1, 'r': 999, 't': 999})
     client.hset(spend, mapping={'p': now // 86400 - 1, 's': 10**12})

@@ -43,7 +43,7 @@ from typing import Any, Iterator
 
 from llmconn.errors import LimitExceeded, StoreError
 from llmconn.pricing import cost_micro_usd
-from llmconn.store.limits import ADMIT_ONE, SETTLE_ONLY, LimitStore, limit_keys
+from llmconn.store.limits import ADMIT_ONE, SETTLE_ONLY, LimitStore, limit_key
 
 logger = logging.getLogger('llmconn.gateway')
 
@@ -57,21 +57,23 @@ _all: 'weakref.WeakSet[Limiter]' = weakref.WeakSet()
 
 
 class Plan:
-    """What a limited key's scripts send, computed once per key: its counters' names and its limits."""
+    """What a limited key's script is sent, computed once per key: its counters' name, its limits, its headers."""
 
-    __slots__ = ('key', 'keys', 'args')
+    __slots__ = ('key', 'keys', 'spec', 'tpm', 'budget', 'fixed')
 
     def __init__(self, key: Any) -> None:
         limits = key.limits
-        budget = round(limits.budget_usd * 1_000_000) if limits.budget_usd is not None else 0
         self.key = key
-        self.keys = limit_keys(key.id)
-        # ARGV[1..6] of ADMIT; the spend to add and whether to admit follow.
-        self.args = (limits.budget_period, limits.rpm or 0, limits.tpm or 0, budget, MINUTE_TTL,
-                     PERIOD_TTL[limits.budget_period])
+        self.keys = (limit_key(key.id),)
+        self.tpm = limits.tpm or 0
+        self.budget = round(limits.budget_usd * 1_000_000) if limits.budget_usd is not None else 0
+        ttl = max(MINUTE_TTL, PERIOD_TTL[limits.budget_period])
+        self.spec = f'{limits.budget_period} {limits.rpm or 0} {self.tpm} {self.budget} {ttl}'     # ARGV[1]
+        self.fixed = (('x-ratelimit-limit-requests', str(limits.rpm)) if limits.rpm is not None else None,
+                      ('x-ratelimit-limit-tokens', str(limits.tpm)) if limits.tpm is not None else None)
 
-    def run(self, tokens: int, cost: int, admit: str) -> list:
-        return [*self.args, tokens, cost, admit]
+    def run(self, tokens: int, cost: int, admit: str) -> tuple:
+        return (self.spec, tokens, cost, admit)
 
 
 class Grant:
@@ -87,36 +89,37 @@ class Grant:
         self.reset = reset                  # seconds to the next minute, by Redis's clock
 
     def headers(self) -> list[tuple[str, str]]:
-        return rate_headers(self.plan.key.limits, self.requests, self.tokens, self.reset)
+        return rate_headers(self.plan, self.requests, self.tokens, self.reset)
 
 
-def rate_headers(limits: Any, requests: int, tokens: int, reset: float) -> list[tuple[str, str]]:
+def rate_headers(plan: Plan, requests: int, tokens: int, reset: float) -> list[tuple[str, str]]:
+    limits = plan.key.limits
+    requests_limit, tokens_limit = plan.fixed
     headers = []
-    if limits.rpm is not None:
-        headers += [('x-ratelimit-limit-requests', str(limits.rpm)),
-                    ('x-ratelimit-remaining-requests', str(max(0, limits.rpm - requests))),
-                    ('x-ratelimit-reset-requests', f'{max(1, int(reset + 0.999))}s')]
-    if limits.tpm is not None:
-        headers += [('x-ratelimit-limit-tokens', str(limits.tpm)),
-                    ('x-ratelimit-remaining-tokens', str(max(0, limits.tpm - tokens))),
-                    ('x-ratelimit-reset-tokens', f'{max(1, int(reset + 0.999))}s')]
+    after = f'{max(1, int(reset + 0.999))}s'
+    if requests_limit is not None:
+        headers += [requests_limit, ('x-ratelimit-remaining-requests', str(max(0, limits.rpm - requests))),
+                    ('x-ratelimit-reset-requests', after)]
+    if tokens_limit is not None:
+        headers += [tokens_limit, ('x-ratelimit-remaining-tokens', str(max(0, limits.tpm - tokens))),
+                    ('x-ratelimit-reset-tokens', after)]
     return headers
 
 
-def verdict(plan: Plan, result: list) -> Grant:
+def verdict(plan: Plan, result: Any) -> Grant:
     """The grant of an ADMIT run, or the 429 it says (Retry-After from Redis's clock)."""
-    code, requests, tokens, spent, reset_ms, period_left = (int(x) for x in result[:6])
-    reset = reset_ms / 1000
-    if code == 0:
-        return Grant(plan, requests, tokens, spent, reset)
+    code, requests, tokens, spent, reset_ms, period_left, _ = result.split()
+    if code == b'0':
+        return Grant(plan, int(requests), int(tokens), int(spent), int(reset_ms) / 1000)
+    requests, tokens, spent, reset = int(requests), int(tokens), int(spent), int(reset_ms) / 1000
     limits = plan.key.limits
-    headers = rate_headers(limits, requests, tokens, reset)
-    if code == 3:
+    headers = rate_headers(plan, requests, tokens, reset)
+    if code == b'3':
         raise LimitExceeded(f'You exceeded your current quota: gateway key {plan.key.id!r} spent its '
                             f'{limits.budget_period}ly budget of ${limits.budget_usd:g} '
                             f'(${spent / 1e6:.2f}); it renews at the start of the next {limits.budget_period} (UTC).',
-                            'insufficient_quota', headers + [('Retry-After', str(max(1, period_left)))])
-    what = (f'requests per minute (RPM): Limit {limits.rpm}, Used {requests}' if code == 1 else
+                            'insufficient_quota', headers + [('Retry-After', str(max(1, int(period_left))))])
+    what = (f'requests per minute (RPM): Limit {limits.rpm}, Used {requests}' if code == b'1' else
             f'tokens per minute (TPM): Limit {limits.tpm}, Used {tokens}')
     raise LimitExceeded(f'Rate limit reached for gateway key {plan.key.id!r} on {what}. '
                         f'Please try again in {int(reset) + 1}s.', 'rate_limit_exceeded',
@@ -194,7 +197,7 @@ class Limiter:
         """Settle the key's kept spend and admit one request: one round trip; 429 or 503 when refused."""
         tokens, cost = self.take(plan)
         try:
-            result = self.redis.admit(plan.keys, (*plan.args, tokens, cost, ADMIT_ONE))
+            result = self.redis.admit(plan.keys, (plan.spec, tokens, cost, ADMIT_ONE))
         except BaseException:
             self.give_back(plan, tokens, cost)
             raise
@@ -312,9 +315,10 @@ class Admission:
         cost = int(usage.get('cost') or 0) or cost_micro_usd(getattr(conn.conf, 'pricing', None), usage)
         if not tokens and not cost:
             return
-        args = self.plan.args
+        plan = self.plan
         # Near a limit, as this process last saw the counters: written now, so other processes see it.
-        urgent = bool((args[2] and grant.tokens + tokens >= args[2]) or (args[3] and grant.spent + cost >= args[3]))
+        urgent = bool((plan.tpm and grant.tokens + tokens >= plan.tpm) or
+                      (plan.budget and grant.spent + cost >= plan.budget))
         grant.tokens += tokens
         grant.spent += cost
         self.limiter.add(self.plan, tokens, cost, urgent)
@@ -351,7 +355,7 @@ class Rider:
         self.tokens, self.cost = adm.limiter.take(adm.plan)
         if self.mode == SETTLE_ONLY and not (self.tokens or self.cost):
             return None
-        return adm.limiter.redis.command(adm.plan.keys, (*adm.plan.args, self.tokens, self.cost, self.mode))
+        return adm.limiter.redis.command(adm.plan.keys, (adm.plan.spec, self.tokens, self.cost, self.mode))
 
     def answer(self, result: Any) -> None:
         """The command's reply; an admission refused raises its 429, a failed one its 503."""
@@ -436,7 +440,7 @@ def report(registry: Any) -> list[dict]:
         limits = key.limits
         if not limits.enabled:
             continue
-        requests, tokens, spent, period = lim.redis.read(limit_keys(key.id), limits.budget_period)
+        requests, tokens, spent, period = lim.redis.read(lim.plan(key).keys, lim.plan(key).spec)
         rows.append({'key': key.id, 'requests': requests, 'rpm': limits.rpm, 'tokens': tokens, 'tpm': limits.tpm,
                      'spent_usd': spent / 1e6, 'budget_usd': limits.budget_usd, 'period': period_name(period)})
     return rows

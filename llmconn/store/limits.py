@@ -1,15 +1,14 @@
 """The Redis side of per-key gateway limits (SPEC §18): one script that settles, then admits.
 
-A key's counters are two hashes under one hash tag (one slot, so a cluster
-runs the script too)::
+A key's counters are one hash (one key, so a cluster runs the script too)::
 
-    llmconn:limits:{<digest of the key id>}:minute    m (minute number), r (requests), t (tokens)
-    llmconn:limits:{<digest of the key id>}:spend     p (period: day number or YYYYMM), s (micro-USD)
+    llmconn:limits:{<digest of the key id>}    m (minute number), r (requests), t (tokens) in it,
+                                               p (period: day number or YYYYMM), s (micro-USD) in it
 
 The windows are Redis's: the script reads ``TIME``, so every gateway process
 sharing the Redis counts in the same minute and budget period whatever its
-own clock says. A hash whose window is not the current one counts as zero
-and is rewritten by the next write. Redis 7 replicates a script's effects,
+own clock says. A window that is not the current one counts as zero and is
+rewritten by the next write. Redis 7 replicates a script's effects,
 so ``TIME`` before a write is safe (older servers are asked to, as well).
 
 What a call spent is not a round trip of its own: the process keeps it
@@ -54,15 +53,18 @@ end
 """
 
 # The current minute and budget period by Redis's clock, and the key's counters in them.
-#   KEYS[1] - the minute hash, KEYS[2] - the spend hash; ARGV[1] - the period: 'day' or 'month'
+#   KEYS[1] - the key's counters; ARGV[1] - the key's limits: 'PERIOD RPM TPM BUDGET TTL', PERIOD 'day' or
+#   'month', RPM, TPM and BUDGET (micro-USD) 0 for no such limit, TTL the counters' expiry (s)
 _WINDOWS = """
 if redis.replicate_commands then redis.replicate_commands() end
 """ + _CALENDAR + """
+local kind, rpm, tpm, budget, ttl = string.match(ARGV[1], '^(%a+) (%d+) (%d+) (%d+) (%d+)$')
+rpm, tpm, budget = tonumber(rpm), tonumber(tpm), tonumber(budget)
 local now = redis.call('TIME')
 local secs, ms = tonumber(now[1]), math.floor(tonumber(now[2]) / 1000)
 local minute, day = math.floor(secs / 60), math.floor(secs / 86400)
 local period, period_end
-if ARGV[1] == 'day' then
+if kind == 'day' then
     period, period_end = day, (day + 1) * 86400
 else
     local year, month = civil(day)
@@ -70,28 +72,23 @@ else
     if month == 12 then year, month = year + 1, 1 else month = month + 1 end
     period_end = first_day(year, month) * 86400
 end
-local window = redis.call('HMGET', KEYS[1], 'm', 'r', 't')
-local same_minute = tonumber(window[1]) == minute
-local requests, tokens = 0, 0
-if same_minute then requests, tokens = tonumber(window[2]) or 0, tonumber(window[3]) or 0 end
-local budget_window = redis.call('HMGET', KEYS[2], 'p', 's')
-local same_period = tonumber(budget_window[1]) == period
-local spent = 0
-if same_period then spent = tonumber(budget_window[2]) or 0 end
+local stored = redis.call('HMGET', KEYS[1], 'm', 'r', 't', 'p', 's')
+local same_minute, same_period = tonumber(stored[1]) == minute, tonumber(stored[4]) == period
+local requests, tokens, spent = 0, 0, 0
+if same_minute then requests, tokens = tonumber(stored[2]) or 0, tonumber(stored[3]) or 0 end
+if same_period then spent = tonumber(stored[5]) or 0 end
 """
 
 # Adds what earlier calls of the key spent, then admits one request (or says which limit refuses it).
-#   KEYS as above; ARGV[1] - 'day' or 'month', ARGV[2] - rpm, ARGV[3] - tpm, ARGV[4] - budget in micro-USD
-#   (each 0: no such limit), ARGV[5] - the minute hash's ttl (s), ARGV[6] - the spend hash's ttl (s),
-#   ARGV[7] - tokens to add, ARGV[8] - micro-USD to add, ARGV[9] - '1' to admit, '0' to add only.
-# Returns {verdict, requests, tokens, spent, ms to the next minute, s to the next period, period}:
+#   KEYS[1], ARGV[1] as above; ARGV[2] - tokens to add, ARGV[3] - micro-USD to add,
+#   ARGV[4] - '1' to admit, '0' to add only.
+# Returns 'VERDICT REQUESTS TOKENS SPENT MS_TO_NEXT_MINUTE S_TO_NEXT_PERIOD PERIOD' (one reply to parse):
 # verdict 0 admitted (requests counts it), 1 rpm reached, 2 tpm reached, 3 budget spent.
 ADMIT = _WINDOWS + """
-local add_tokens, add_cost = tonumber(ARGV[7]), tonumber(ARGV[8])
+local add_tokens, add_cost = tonumber(ARGV[2]), tonumber(ARGV[3])
 tokens, spent = tokens + add_tokens, spent + add_cost
 local verdict, counted = 0, 0
-if ARGV[9] == '1' then
-    local rpm, tpm, budget = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+if ARGV[4] == '1' then
     if budget > 0 and spent >= budget then
         verdict = 3
     elseif rpm > 0 and requests >= rpm then
@@ -102,24 +99,27 @@ if ARGV[9] == '1' then
         counted, requests = 1, requests + 1
     end
 end
+local renewed = false
 if counted + add_tokens > 0 then
     if same_minute then
         if counted > 0 then redis.call('HINCRBY', KEYS[1], 'r', 1) end
-        if add_tokens > 0 then redis.call('HINCRBY', KEYS[1], 't', ARGV[7]) end
+        if add_tokens > 0 then redis.call('HINCRBY', KEYS[1], 't', ARGV[2]) end
     else
-        redis.call('HSET', KEYS[1], 'm', minute, 'r', counted, 't', ARGV[7])
-        redis.call('EXPIRE', KEYS[1], ARGV[5])
+        redis.call('HSET', KEYS[1], 'm', minute, 'r', counted, 't', ARGV[2])
+        renewed = true
     end
 end
 if add_cost > 0 then
     if same_period then
-        redis.call('HINCRBY', KEYS[2], 's', ARGV[8])
+        redis.call('HINCRBY', KEYS[1], 's', ARGV[3])
     else
-        redis.call('HSET', KEYS[2], 'p', period, 's', ARGV[8])
-        redis.call('EXPIRE', KEYS[2], ARGV[6])
+        redis.call('HSET', KEYS[1], 'p', period, 's', ARGV[3])
+        renewed = true
     end
 end
-return {verdict, requests, tokens, spent, 60000 - (secs % 60) * 1000 - ms, period_end - secs, period}
+if renewed then redis.call('EXPIRE', KEYS[1], ttl) end      -- once a minute at most: a new window
+return string.format('%d %d %d %d %d %d %d', verdict, requests, tokens, spent,
+                     60000 - (secs % 60) * 1000 - ms, period_end - secs, period)
 """
 
 # The counters now, for ``llmconn usage`` and ``/admin``: {requests, tokens, spent, period}.
@@ -131,12 +131,11 @@ SETTLE_ONLY = '0'
 ADMIT_ONE = '1'
 
 
-def limit_keys(key_id: str) -> tuple[str, str]:
-    """The counters of gateway key ``key_id``: its minute hash and its spend hash."""
+def limit_key(key_id: str) -> str:
+    """The counters of gateway key ``key_id``: one hash (this minute's and this period's)."""
     # A digest in the hash tag: a key id may hold braces, which would move the tag.
     tag = hashlib.sha256(key_id.encode('utf-8', 'surrogatepass')).hexdigest()[:24]
-    base = f'{KEY_PREFIX}:limits:{{{tag}}}'
-    return f'{base}:minute', f'{base}:spend'
+    return f'{KEY_PREFIX}:limits:{{{tag}}}'
 
 
 class Script:
@@ -179,8 +178,8 @@ class LimitStore:
         """A Redis Cluster: its pipelines take no EVALSHA, so nothing rides another write's pipeline."""
         return self._store.cluster
 
-    def admit(self, keys: tuple[str, str], args: list) -> list[int]:
-        """``[verdict, requests, tokens, spent, ms to next minute, s to next period, period]`` (see :data:`ADMIT`).
+    def admit(self, keys: tuple[str], args: tuple) -> Any:
+        """The reply of :data:`ADMIT` (its seven numbers in one string).
 
         The chat store's own hot path runs it (its ``limits`` script): packed by hand on a pooled
         connection, NOSCRIPT reloaded, slot-routed on a cluster.
@@ -198,11 +197,11 @@ class LimitStore:
             self.client.script_load(ADMIT)
 
     @staticmethod
-    def command(keys: tuple[str, str], args: tuple) -> tuple:
+    def command(keys: tuple[str], args: tuple) -> tuple:
         """The EVALSHA of :data:`ADMIT`, for another write's round trip to carry."""
         return ('EVALSHA', ADMIT_SCRIPT.sha, len(keys), *keys, *args)
 
-    def settle_many(self, runs: list[tuple[tuple[str, str], list]]) -> None:
+    def settle_many(self, runs: list[tuple[tuple[str], tuple]]) -> None:
         """Settle-only runs of :data:`ADMIT`, all in one round trip (a pipeline)."""
         if self.cluster:        # off the hot path: one script per key, each on its slot's node
             for keys, args in runs:
@@ -224,7 +223,7 @@ class LimitStore:
                 if isinstance(r, Exception):
                     raise r
 
-    def read(self, keys: tuple[str, str], period: str) -> list[int]:
-        """``[requests, tokens, spent, period]`` now (0 for an absent counter)."""
+    def read(self, keys: tuple[str], spec: str) -> list[int]:
+        """``[requests, tokens, spent, period]`` now (0 for an absent counter); ``spec`` is ARGV[1]."""
         with self._store.boundary():
-            return [int(x) for x in READ_SCRIPT.run(self.client, keys, [period])]
+            return [int(x) for x in READ_SCRIPT.run(self.client, keys, [spec])]
