@@ -23,10 +23,10 @@ def commands(client: redis.Redis) -> dict[str, int]:
     return {name.removeprefix('cmdstat_'): stats['calls'] for name, stats in client.info('commandstats').items()}
 
 
-def chat_calls(store, chat: str, count: int) -> None:
+def chat_calls(store, chat: str, count: int, max_turns: int = 1000) -> None:
     for i in range(count):
         with store.begin('cost', chat, window=4, lock_ttl=5.0, lock_wait=1.0) as lock:
-            lock.save(Turn(user=f'q{i}', assistant='a', ts=time.time()), expiry=60, max_turns=1000)
+            lock.save(Turn(user=f'q{i}', assistant='a', ts=time.time()), expiry=60, max_turns=max_turns)
 
 
 def test_free_chat_takes_lock_and_window_in_set_lpop_lrange(redis_server):
@@ -50,6 +50,25 @@ def test_free_chat_takes_lock_and_window_in_set_lpop_lrange(redis_server):
     assert counted['pexpire'] == 2 * CALLS
     # The saved tokens are trimmed only once they exceed SAVED_TOKENS by 16.
     assert 'ltrim' not in counted
+
+
+def test_a_chat_at_its_stored_turns_pops_the_oldest_in_the_save_with_one_command(redis_server):
+    client, store = redis.Redis.from_url(redis_server.url), open_store(redis_server.url)
+    try:
+        chat_calls(store, 'full', 4, max_turns=4)       # at max_stored_turns from here on
+        client.config_resetstat()
+        chat_calls(store, 'full', CALLS, max_turns=4)
+        counted = commands(client)
+        stored = [t.user for t in store.history('cost', 'full')]
+    finally:
+        store.close()
+        client.close()
+    assert stored == [f'q{i}' for i in range(CALLS - 4, CALLS)]
+    # Each save pops the turn it trims (FINISH's one LPOP) and looks no further: no LTRIM of the
+    # turns, no EXISTS of the attachments' counts for a turn that names none.
+    assert counted['lpop'] == 2 * CALLS      # ACQUIRE's look at the queue, FINISH's trim
+    assert 'exists' not in counted
+    assert counted.get('ltrim', 0) == 0
 
 
 def test_saved_tokens_keep_at_least_the_last_64_and_at_most_80(redis_server):

@@ -256,26 +256,6 @@ return {0, redis.call('PTTL', KEYS[1]), 0, entry}
 # save: nothing written again); 0 - the lock was not ours (nothing written). The queue is
 # looked at only when the lock is marked QUEUED; else the lock is deleted.
 FINISH = """
-local function window(spec)             -- as ACQUIRE's: the waiter's window, with its attachments
-    local n, step = string.match(spec, '^(%d+)/?(%d*)$')
-    n, step = tonumber(n) or 0, tonumber(step) or 1
-    if step > 1 then
-        local stored = redis.call('LLEN', KEYS[2])
-        if stored > n then n = stored - math.ceil((stored - n) / step) * step end
-    end
-    if n <= 0 then return '' end
-    local text = table.concat(redis.call('LRANGE', KEYS[2], -n, -1), '\\n')
-    if not string.find(text, '"sha256":"', 1, true) then return text end
-    local files, lines, seen = string.gsub(KEYS[2], 'turns$', 'files'), {text}, {}
-    for sha in string.gmatch(text, '"sha256":"(%x+)"') do
-        if not seen[sha] then
-            seen[sha] = true
-            local blob = redis.call('HGET', files, sha)
-            if blob then lines[#lines + 1] = '=' .. sha .. ':' .. blob end
-        end
-    end
-    return table.concat(lines, '\\n')
-end
 local files = string.gsub(KEYS[2], 'turns$', 'files')
 local refs = string.gsub(KEYS[2], 'turns$', 'filerefs')
 local function unref(turn)              -- a turn leaves the chat: its attachments lose a reference
@@ -319,11 +299,12 @@ if ARGV[2] ~= '' then
         redis.call('LSET', KEYS[2], -1, ARGV[2])
     else
         local stored = redis.call('RPUSH', KEYS[2], ARGV[2])
-        if stored > max_turns then
-            if redis.call('EXISTS', refs) == 1 then      -- the trimmed turns free their attachments
-                for _, turn in ipairs(redis.call('LRANGE', KEYS[2], 0, stored - max_turns - 1)) do unref(turn) end
+        if stored > max_turns then      -- the oldest leave (popped: read and trimmed in one command)
+            for _, turn in ipairs(redis.call('LPOP', KEYS[2], stored - max_turns)) do
+                if string.find(turn, '"sha256":"', 1, true) and redis.call('EXISTS', refs) == 1 then
+                    unref(turn)         -- it frees its attachments
+                end
             end
-            redis.call('LTRIM', KEYS[2], -max_turns, -1)
         end
     end
     redis.call('PEXPIRE', KEYS[2], ARGV[4])
@@ -346,6 +327,30 @@ if ARGV[2] ~= '' then
         end
     end
 end
+if held == ARGV[1] then                 -- nobody queued while it was ours
+    redis.call('DEL', KEYS[1])
+    return 1
+end
+local function window(spec)             -- as ACQUIRE's: the waiter's window, with its attachments
+    local n, step = string.match(spec, '^(%d+)/?(%d*)$')
+    n, step = tonumber(n) or 0, tonumber(step) or 1
+    if step > 1 then
+        local stored = redis.call('LLEN', KEYS[2])
+        if stored > n then n = stored - math.ceil((stored - n) / step) * step end
+    end
+    if n <= 0 then return '' end
+    local text = table.concat(redis.call('LRANGE', KEYS[2], -n, -1), '\\n')
+    if not string.find(text, '"sha256":"', 1, true) then return text end
+    local lines, seen = {text}, {}
+    for sha in string.gmatch(text, '"sha256":"(%x+)"') do
+        if not seen[sha] then
+            seen[sha] = true
+            local blob = redis.call('HGET', files, sha)
+            if blob then lines[#lines + 1] = '=' .. sha .. ':' .. blob end
+        end
+    end
+    return table.concat(lines, '\\n')
+end
 local now                               -- the server's clock in ms, read only when a deadline is compared
 local function clock()
     if not now then
@@ -353,10 +358,6 @@ local function clock()
         now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     end
     return now
-end
-if held == ARGV[1] then                 -- nobody queued while it was ours
-    redis.call('DEL', KEYS[1])
-    return 1
 end
 while true do
     local entry = redis.call('LPOP', KEYS[3])
