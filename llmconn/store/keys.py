@@ -15,6 +15,7 @@ no ``{``, ``}`` or ``:``, so
 from __future__ import annotations
 
 from base64 import urlsafe_b64encode
+from functools import lru_cache
 from typing import NamedTuple
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
@@ -22,9 +23,10 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 # Every key llmconn writes starts with this, so an operator can find (and SCAN) them.
 KEY_PREFIX = 'llmconn'
 
-# Connection names are few and reused on every call; their encoding is cached.
-# Chat ids are many and each is encoded per call (about half a microsecond).
+# Connection names are few and reused on every call; their encoding is cached. Chat ids are
+# many, but a chat's calls come in runs: the keys of the last CACHED_CHATS chats are kept.
 _encoded_names: dict[str, str] = {}
+CACHED_CHATS = 1024
 
 
 class ChatKeys(NamedTuple):
@@ -50,6 +52,7 @@ def encode(value: str) -> str:
     return urlsafe_b64encode(value.encode('utf-8', 'surrogatepass')).rstrip(b'=').decode('ascii')
 
 
+@lru_cache(maxsize=CACHED_CHATS)
 def chat_keys(conn_name: str, chat_id: str) -> ChatKeys:
     """The keys of ``chat_id`` under connection ``conn_name``, all in one cluster slot."""
     enc_conn = _encoded_names.get(conn_name)
