@@ -36,6 +36,7 @@ import time as mod_time
 from collections import deque
 from typing import Any
 
+import gevent
 from gevent.monkey import get_original
 from websockets.datastructures import Headers
 from websockets.frames import Close, CloseCode, Frame, Opcode
@@ -49,6 +50,7 @@ from llmconn.server_limits import TAKEOVER_KEY, TakenOver
 logger = logging.getLogger('llmconn.websocket')
 
 READ_CHUNK = 65536
+READS_PER_POLL = 16     # a poll between two events reads at most this many chunks: the answer goes on
 IDLE_CLOSE_CODE = 1000
 # What an idle socket hears when the server evicts it (at its connection limit, or shutting down).
 GOING_AWAY = Frame(Opcode.CLOSE, Close(CloseCode.GOING_AWAY, 'server closing idle connections').serialize()).serialize(
@@ -125,7 +127,9 @@ class WebSocket:
 
     def poll(self) -> list:
         """The messages that arrived already, without waiting; WebSocketClosed if the socket closed."""
-        while self._readable():
+        for _ in range(READS_PER_POLL):
+            if not self._readable():
+                break
             self._read(self.idle_timeout)
         self._check_open()
         messages = list(self._messages)
@@ -160,6 +164,10 @@ class WebSocket:
             raise WebSocketClosed(self._closed) from None
         if data:
             self._feed(data)
+            # A recv that finds data returns without yielding: a client that sends without pause (a ping
+            # flood) must not keep the other greenlets of the process from running. idle(), not sleep(0):
+            # the loop must also poll for I/O (accepts, the other sockets) before this socket is read again.
+            gevent.idle()
         else:
             self._protocol.receive_eof()
             self._flush()

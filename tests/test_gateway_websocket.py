@@ -560,3 +560,55 @@ def _raw_handshake(sock) -> bytes:
         assert chunk, head
         head += chunk
     return head
+
+
+FLOOD_SECONDS = 8.0
+
+
+def test_a_ping_flood_does_not_starve_the_other_requests_of_its_process(tmp_path):
+    """Pings are answered and not counted as messages; the flooding socket cannot monopolize the process."""
+    config = tmp_path / 'llm.yaml'
+    config.write_text(f'''
+gateway:
+  websocket: {{idle_timeout: 60}}
+  keys: [{{id: k, secret: {KEYS["a"][0]}, tenant: t, models: ["*"]}}]
+llm:
+  - {{name: Chat, provider: openai, model: gpt-4.1, api_key: sk-unused}}
+''')
+    (tmp_path / 'services').mkdir()
+    port = free_port()
+    proc = start_server(config, tmp_path / 'services', port)
+    sock = socket.create_connection(('127.0.0.1', port), timeout=20)
+    stop_at = time.monotonic() + FLOOD_SECONDS
+
+    def flood() -> None:
+        burst = (b'\x89\x80' + b'\x00' * 4) * 20000         # masked empty pings
+        try:
+            while time.monotonic() < stop_at:
+                sock.sendall(burst)
+        except OSError:
+            pass
+
+    def drain() -> None:            # read the pongs, so the server's sends never wait on this client
+        try:
+            while sock.recv(1 << 20):
+                pass
+        except OSError:
+            pass
+
+    threads = [threading.Thread(target=flood, daemon=True), threading.Thread(target=drain, daemon=True)]
+    try:
+        _raw_handshake(sock)
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)
+        slowest = 0.0
+        while time.monotonic() < stop_at - 1:
+            started = time.monotonic()
+            assert requests.get(f'http://127.0.0.1:{port}/health', timeout=30).status_code == 200
+            slowest = max(slowest, time.monotonic() - started)
+        # Starved, a probe waits for the flood to end (seconds); a generous bound for a loaded machine.
+        assert slowest < FLOOD_SECONDS / 2, slowest
+    finally:
+        sock.close()
+        stop(proc)

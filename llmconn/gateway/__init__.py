@@ -19,10 +19,11 @@ into that named loss (``fallback_policy``). Modules, one concern each:
     stream.py            the Responses and Chat Completions event streams (the normalizer)
     chat_completions.py  POST /v1/chat/completions, stateless
     routes.py            HTTP routing, authentication, OpenAI-shaped errors
+    responses_ws.py      WebSocket mode of /v1/responses (client.responses.connect()), over llmconn.websocket
 
 Response records live in :mod:`llmconn.store.records`; usage counts in the
 one ledger (:mod:`llmconn.usage`) under each call's gateway key.
 
 :func:`llmconn.gateway.routes.handle` is what :mod:`llmconn.wsgi` calls for
-paths under ``/v1/``.
+paths under ``/v1/``, :func:`llmconn.gateway.responses_ws.handle` for a WebSocket upgrade there.
 """
