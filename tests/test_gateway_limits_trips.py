@@ -266,3 +266,61 @@ def test_closing_with_redis_down_logs_what_is_lost_and_returns(gateway, redis_se
     assert time.monotonic() - started < 30
     assert 'key-limited' in caplog.text and 'could not be counted' in caplog.text
     assert lim._pending['key-limited'][1] > 0
+
+
+def test_a_call_that_failed_over_costs_its_budget_at_the_fallbacks_pricing(redis_server, provider):
+    registry = Registry.from_dict({
+        'redis': {'url': redis_server.url},
+        'gateway': {'keys': [{'id': 'key-over', 'secret': KEYS['limited'][0], 'tenant': 't', 'models': ['*'],
+                              'limits': {'budget_usd': 1000}}]},
+        'llm': [{'name': 'Chat', 'provider': 'openai', 'model': 'gpt-4.1', 'address': f'{provider.url}/v1',
+                 'max_retries': 0, 'pricing': {'input': 2, 'output': 8}, 'fallbacks': ['Dear']},
+                {'name': 'Dear', 'provider': 'openai', 'model': 'gpt-4.1', 'address': f'{provider.url}/v1',
+                 'max_retries': 0, 'pricing': {'input': 2000, 'output': 8000}}],
+    })
+    try:
+        lim = _park_limits_flusher(registry)
+        provider.fail(500)
+        status, _, body = chat(registry, 'limited')
+        assert status == 200, body
+        usage = json.loads(body)['usage']
+        _, tokens, cost = lim._pending['key-over']
+        assert tokens == usage['prompt_tokens'] + usage['completion_tokens']
+        assert cost == usage['prompt_tokens'] * 2000 + usage['completion_tokens'] * 8000
+    finally:
+        registry.close()
+
+
+@pytest.fixture(scope='module')
+def cluster(tmp_path_factory):
+    from redis_topology import Cluster
+    cluster = Cluster(tmp_path_factory.mktemp('limits-cluster'), replicas=0)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+def test_limits_hold_on_a_redis_cluster_on_both_routes(cluster, provider):
+    registry = Registry.from_dict({
+        'redis': {'url': cluster.url},
+        'gateway': {'keys': [{'id': 'key-cluster', 'secret': KEYS['limited'][0], 'tenant': 't', 'models': ['*'],
+                              'limits': {'rpm': 5, 'tpm': 10_000_000, 'budget_usd': 1000}}]},
+        'llm': [{'name': 'Chat', 'provider': 'openai', 'model': 'gpt-4.1', 'address': f'{provider.url}/v1',
+                 'max_retries': 0, 'pricing': {'input': 2, 'output': 8}}],
+    })
+    try:
+        statuses = [chat(registry, 'limited')[0], respond(registry, 'limited')[0],
+                    respond(registry, 'limited', stream=True)[0], chat(registry, 'limited', stream=True)[0]]
+        assert statuses == [200] * 4
+        assert limits.limiter(registry.store).flush()
+        client = redis.RedisCluster(host='127.0.0.1', port=cluster.masters()[0], decode_responses=True)
+        minute = client.time()[0] // 60
+        counted = client.hgetall(limit_key('key-cluster'))
+        refused = [chat(registry, 'limited') for _ in range(3)]
+        if int(counted['m']) == minute:        # the minute did not end between the calls
+            assert int(counted['r']) == 4 and int(counted['t']) > 0 and int(counted['s']) > 0
+            assert [status for status, _, _ in refused] == [200, 429, 429]
+        client.close()
+    finally:
+        registry.close()
