@@ -240,9 +240,10 @@ def test_redis_paused_mid_burst_is_503_within_the_store_timeout_never_a_hang():
             return outcome, time.monotonic() - started
 
         _chat(client)
+        s.fake.latency = 0.3            # the burst is still going when Redis stops answering
         with ThreadPoolExecutor(6) as pool:
             burst = pool.map(one, range(12))
-            time.sleep(0.05)
+            time.sleep(0.15)
             os.kill(s.redis.process.pid, signal.SIGSTOP)
             try:
                 outcomes = list(burst)
