@@ -167,6 +167,17 @@ def ways(gateway: str, floor: str) -> dict:
             for name, (server, path, body, headers) in found.items()}
 
 
+def chosen(table: dict, names: str) -> dict:
+    """The ways ``names`` lists (comma-separated), or all of them; an unknown name is an error naming the known."""
+    if not names:
+        return table
+    wanted = names.split(',')
+    unknown = [name for name in wanted if name not in table]
+    if unknown:
+        sys.exit(f'--ways: no way {", ".join(unknown)}; choose among {", ".join(table)}')
+    return {name: table[name] for name in wanted}
+
+
 # ---- measuring -------------------------------------------------------------------------------------
 
 def cpu_seconds(pid: int) -> float:
@@ -233,11 +244,15 @@ def print_table(samples: dict, walls: dict, args: argparse.Namespace, idle: dict
           f'floor {idle["floor"] * 1000:.2f}')
     for way, (floor, target) in TARGETS.items():
         for suffix in ('', '+sse'):
+            if way + suffix not in median or floor + suffix not in median:
+                continue
             ratio = median[way + suffix] / median[floor + suffix] if median[floor + suffix] else float('inf')
             verdict = ('yes' if ratio <= target else 'NO') if not suffix else 'reported'
             print(f'{way + suffix:>16} / {floor + suffix:<20} {ratio:5.2f}  target ≤ {target:g}: {verdict}')
-    claude = median['responses-claude'] / median['floor-responses'] if median['floor-responses'] else float('inf')
-    print(f'{"responses-claude":>16} / {"floor-responses":<20} {claude:5.2f}  (information)')
+    for suffix in ('', '+sse'):
+        claude, floor = 'responses-claude' + suffix, 'floor-responses' + suffix
+        if claude in median and median.get(floor):
+            print(f'{claude:>16} / {floor:<20} {median[claude] / median[floor]:5.2f}  (information)')
     return median
 
 
@@ -249,6 +264,8 @@ def parse_args() -> argparse.Namespace:
                         help=f'requests per block (default {REQUESTS})')
     parser.add_argument('--clients', type=int, default=CLIENTS,
                         help=f'concurrent client connections (default {CLIENTS}, at most {POOL_SIZE})')
+    parser.add_argument('--ways', default='',
+                        help='only these ways, comma-separated (default all; a ratio needs both its ways)')
     parser.add_argument('--floor-proxy', nargs=2, metavar=('PORT', 'UPSTREAM'), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
@@ -273,8 +290,8 @@ def main() -> int:
                                extra=['--log-level', 'WARNING'])
         floor, floor_url = start_floor(fake.url)
         pids = {'gateway': gateway.pid, 'floor': floor.pid}
-        samples, walls = measure(ways(f'http://127.0.0.1:{port}', floor_url), pids, args.rounds, args.requests,
-                          args.clients)
+        samples, walls = measure(chosen(ways(f'http://127.0.0.1:{port}', floor_url), args.ways), pids,
+                                 args.rounds, args.requests, args.clients)
         idle = {server: idle_rate(pid, 0.5 if args.quick else 2.0) for server, pid in pids.items()}
     finally:
         stop(gateway)
