@@ -27,7 +27,12 @@ during it, divided by its requests; a way's figure is the median of its
 rounds. The fake's CPU and the client's are not counted. Targets (plain):
 chat ≤ 1.5 × floor-chat, responses ≤ 2 × floor-responses.
 
-    .venv/bin/python bench/bench_floor.py [--quick] [--rounds R] [--requests N] [--clients C]
+    .venv/bin/python bench/bench_floor.py [--quick] [--rounds R] [--requests N] [--clients C] [--ways W,...]
+                                          [--baseline DIR ...]
+
+``--baseline DIR`` also serves the gateway from another checkout (a ``git
+worktree`` of an earlier commit), on the same Redis and fake, its ways named
+``chat@DIR`` and so on, in the same rounds: the versions compare in one run.
 
 ``--floor-proxy PORT UPSTREAM`` runs the floor itself (how the benchmark starts it).
 """
@@ -147,24 +152,43 @@ llm:
     return config
 
 
-def ways(gateway: str, floor: str) -> dict:
-    """Each way: (server, path, body, headers) - the server being 'gateway' or 'floor'."""
+def ways(gateways: dict, floor: str) -> dict:
+    """Each way: (server, URL, body, headers). ``gateways``: server name ('gateway', 'gateway@base') -> URL.
+
+    A baseline's gateway ways carry its suffix (``chat@base``); the floor's are measured once.
+    """
     auth = {'authorization': f'Bearer {KEY}', 'content-type': 'application/json'}
     plain = {'content-type': 'application/json'}
     chat = {'messages': [{'role': 'user', 'content': QUESTION}]}
     resp = {'input': QUESTION}
-    found = {
-        'chat': ('gateway', '/v1/chat/completions', {'model': 'Chat', **chat}, auth),
-        'floor-chat': ('floor', '/v1/chat/completions', {'model': 'gpt-4.1', **chat}, plain),
-        'responses': ('gateway', '/v1/responses', {'model': 'Responses', **resp}, auth),
-        'floor-responses': ('floor', '/v1/responses', {'model': 'gpt-4.1', **resp}, plain),
-        'responses-claude': ('gateway', '/v1/responses', {'model': 'Claude', **resp}, auth),
-    }
-    for name, (server, path, body, headers) in list(found.items()):
-        found[name + '+sse'] = (server, path, {**body, 'stream': True}, headers)
-    bases = {'gateway': gateway, 'floor': floor}
-    return {name: (server, bases[server] + path, json.dumps(body).encode(), headers)
-            for name, (server, path, body, headers) in found.items()}
+    found = {}
+    for server, url in gateways.items():
+        suffix = server[len('gateway'):]
+        found['chat' + suffix] = (server, url, '/v1/chat/completions', {'model': 'Chat', **chat}, auth)
+        if not suffix:
+            found['floor-chat'] = ('floor', floor, '/v1/chat/completions', {'model': 'gpt-4.1', **chat}, plain)
+        found['responses' + suffix] = (server, url, '/v1/responses', {'model': 'Responses', **resp}, auth)
+        if not suffix:
+            found['floor-responses'] = ('floor', floor, '/v1/responses', {'model': 'gpt-4.1', **resp}, plain)
+        found['responses-claude' + suffix] = (server, url, '/v1/responses', {'model': 'Claude', **resp}, auth)
+    table = {}
+    for stream in (False, True):
+        for name, (server, base, path, body, headers) in found.items():
+            way, at, checkout = name.partition('@')
+            name = way + ('+sse' if stream else '') + at + checkout
+            table[name] = (server, base + path, json.dumps({**body, 'stream': True} if stream else body).encode(),
+                           headers)
+    return table
+
+
+def serve(config: Path, services: Path, checkout: str | None) -> tuple[subprocess.Popen, str]:
+    """One ``llmconn serve`` with the gateway, of this checkout or of ``checkout`` (its code first on the path)."""
+    env, popen = None, {}
+    if checkout:
+        env, popen = dict(os.environ, PYTHONPATH=str(Path(checkout).resolve())), {'cwd': str(checkout)}
+    port = free_port()
+    proc = start_server(config, services, port, env=env, extra=['--log-level', 'WARNING'], **popen)
+    return proc, f'http://127.0.0.1:{port}'
 
 
 def chosen(table: dict, names: str) -> dict:
@@ -236,12 +260,12 @@ def print_table(samples: dict, walls: dict, args: argparse.Namespace, idle: dict
     median = {name: statistics.median(values) * 1000 for name, values in samples.items()}
     print(f'Server CPU per request, gateway against the floor ({args.rounds} rounds of {args.requests} '
           f'requests a way, {args.clients} client(s), {os.cpu_count()} cores)')
-    print(f'{"way":>22} {"CPU ms":>8} {"min":>8} {"max":>8} {"wall ms":>8}')
+    print(f'{"way":>32} {"CPU ms":>8} {"min":>8} {"max":>8} {"wall ms":>8}')
     for name, values in samples.items():
-        print(f'{name:>22} {median[name]:8.3f} {min(values) * 1000:8.3f} {max(values) * 1000:8.3f} '
+        print(f'{name:>32} {median[name]:8.3f} {min(values) * 1000:8.3f} {max(values) * 1000:8.3f} '
               f'{statistics.median(walls[name]) * 1000:8.3f}')
-    print(f'idle CPU ms per second (counted above): gateway {idle["gateway"] * 1000:.2f}, '
-          f'floor {idle["floor"] * 1000:.2f}')
+    print('idle CPU ms per second (counted above): '
+          + ', '.join(f'{server} {rate * 1000:.2f}' for server, rate in idle.items()))
     for way, (floor, target) in TARGETS.items():
         for suffix in ('', '+sse'):
             if way + suffix not in median or floor + suffix not in median:
@@ -253,6 +277,10 @@ def print_table(samples: dict, walls: dict, args: argparse.Namespace, idle: dict
         claude, floor = 'responses-claude' + suffix, 'floor-responses' + suffix
         if claude in median and median.get(floor):
             print(f'{claude:>16} / {floor:<20} {median[claude] / median[floor]:5.2f}  (information)')
+    for name in median:
+        way, _, base = name.partition('@')
+        if base and median.get(way) and median[name]:
+            print(f'{way:>16} this checkout / {base}: {median[way] / median[name]:5.2f}')
     return median
 
 
@@ -266,6 +294,9 @@ def parse_args() -> argparse.Namespace:
                         help=f'concurrent client connections (default {CLIENTS}, at most {POOL_SIZE})')
     parser.add_argument('--ways', default='',
                         help='only these ways, comma-separated (default all; a ratio needs both its ways)')
+    parser.add_argument('--baseline', metavar='DIR', action='append', default=[],
+                        help='also serve the gateway from this checkout (e.g. a git worktree of an earlier '
+                             'commit), its ways named WAY@DIR, to compare versions in one run (repeatable)')
     parser.add_argument('--floor-proxy', nargs=2, metavar=('PORT', 'UPSTREAM'), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
@@ -283,19 +314,20 @@ def main() -> int:
     (tmp / 'services').mkdir()
     redis_proc, redis_url = start_redis()
     fake = FakeProviderServer.spawn()
-    gateway = floor = None
+    procs: dict = {}
     try:
-        port = free_port()
-        gateway = start_server(write_config(tmp, fake.url, redis_url), tmp / 'services', port,
-                               extra=['--log-level', 'WARNING'])
-        floor, floor_url = start_floor(fake.url)
-        pids = {'gateway': gateway.pid, 'floor': floor.pid}
-        samples, walls = measure(chosen(ways(f'http://127.0.0.1:{port}', floor_url), args.ways), pids,
-                                 args.rounds, args.requests, args.clients)
+        config = write_config(tmp, fake.url, redis_url)
+        urls = {}
+        for server, checkout in {'gateway': None, **{'gateway@' + Path(d).name: d for d in args.baseline}}.items():
+            procs[server], urls[server] = serve(config, tmp / 'services', checkout)
+        procs['floor'], floor_url = start_floor(fake.url)
+        pids = {server: proc.pid for server, proc in procs.items()}
+        samples, walls = measure(chosen(ways(urls, floor_url), args.ways), pids, args.rounds, args.requests,
+                                 args.clients)
         idle = {server: idle_rate(pid, 0.5 if args.quick else 2.0) for server, pid in pids.items()}
     finally:
-        stop(gateway)
-        stop(floor)
+        for proc in procs.values():
+            stop(proc)
         fake.stop()
         redis_proc.kill()
         redis_proc.wait()
