@@ -49,18 +49,21 @@ class Deadline:
 
     __slots__ = ('when', 'key', 'done', 'fired', '_socks', '_lock')
 
-    def __init__(self, when: float) -> None:
+    def __init__(self, when: float, lock=None) -> None:
         self.when = when          # monotonic time of expiry; may move
         self.key = when           # the earliest heap entry that represents this deadline
         self.done = False
         self.fired = False
         self._socks: list = []
-        self._lock = threading.Lock()
+        # Guards _socks and done against the watchdog; held for a few attribute writes, never across a
+        # switch, so the deadlines of a process can share their watchdog's (one call makes one).
+        self._lock = lock or threading.Lock()
 
     @classmethod
     def after(cls, seconds: float) -> 'Deadline':
-        deadline = cls(mod_time.monotonic() + seconds)
-        _watchdog().add(deadline)
+        dog = _watchdog()
+        deadline = cls(mod_time.monotonic() + seconds, dog.sockets_lock)
+        dog.add(deadline)
         return deadline
 
     def remaining(self) -> float:
@@ -111,6 +114,7 @@ class _Watchdog:
         self._heap: list = []
         self._order = itertools.count()
         self._wake = threading.Condition()
+        self.sockets_lock = threading.Lock()      # the deadlines' own (see Deadline._lock)
         self.pid = os.getpid()
         threading.Thread(target=self._run, name='llmconn-deadlines', daemon=True).start()
 

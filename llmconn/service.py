@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import re
-import uuid
+import os
 from typing import Any, Callable, Iterable, Iterator
 
 from llmconn.errors import InvalidInput, LLMConnError, ServiceError, UnknownService  # noqa: F401 (re-exported for services)
@@ -207,7 +207,12 @@ def convert_impl_name(impl_name: str) -> str:
 
 
 def new_cid() -> str:
-    return uuid.uuid4().hex
+    """A correlation id: a random UUID (version 4) as 32 hex digits, as ``uuid.uuid4().hex`` (without its
+    object, a fortieth of a gateway request's Python)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40       # version 4
+    raw[8] = raw[8] & 0x3F | 0x80       # the RFC 4122 variant
+    return raw.hex()
 
 
 def _no_registry() -> Any:

@@ -16,6 +16,8 @@ import codecs
 import itertools
 import json
 import re
+
+from llmconn import jsontext
 from typing import Any, Iterable, Iterator, NamedTuple
 
 
@@ -62,7 +64,7 @@ def decode_json(raw: bytes, content_type: str = '') -> Any:
             return json.loads(raw.decode(match.group(1)))
         except (LookupError, UnicodeDecodeError):
             pass    # a charset we cannot honour: the bytes may still be UTF-8
-    return json.loads(raw)
+    return jsontext.loads(raw)
 
 
 def sniff(chunks: Iterable[bytes]) -> tuple[bytes, Iterator[bytes]]:

@@ -38,7 +38,6 @@ an event stream as an :class:`~llmconn.sse.EventStream`.
 from __future__ import annotations
 
 import http.client
-import json
 import logging
 import os
 import random
@@ -51,7 +50,7 @@ import urllib3
 from requests.utils import get_environ_proxies
 from urllib3 import exceptions as http_errors
 
-from llmconn import __version__, observe
+from llmconn import __version__, jsontext, observe
 from llmconn.answers import parse_retry_after, provider_message
 from llmconn.deadline import WATCHED_POOLS, Deadline
 from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout, LLMUnreachable
@@ -439,11 +438,11 @@ def _encode(body: dict) -> bytes:
     may hold a lone surrogate in its history: one bad turn must not make the chat
     unusable, so it is cleaned here, on the way out, rather than refused.
     """
-    text = json.dumps(body, ensure_ascii=False)
+    text = jsontext.dumps(body)
     try:
         return text.encode('utf-8')
     except UnicodeEncodeError:
-        return json.dumps(clean_value(body), ensure_ascii=False).encode('utf-8')
+        return jsontext.dumps(clean_value(body)).encode('utf-8')
 
 
 def _text(raw: bytes) -> str:

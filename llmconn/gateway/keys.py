@@ -25,14 +25,26 @@ def _digest(secret: str) -> bytes:
     return hashlib.sha256(secret.encode('utf-8', 'surrogatepass')).digest()
 
 
+# The keys' digests of the configuration last asked (a reload brings a new one): (conf, digests).
+_digests: tuple = (None, ())
+
+
+def _key_digests(conf: GatewayConfig) -> tuple:
+    global _digests
+    cached = _digests
+    if cached[0] is not conf:
+        cached = _digests = (conf, tuple(_digest(key.secret.get_secret_value()) for key in conf.keys))
+    return cached[1]
+
+
 def find_key(conf: GatewayConfig, token: str) -> GatewayKey:
     """The key whose secret is ``token``; 401 (OpenAI's shape) when none is."""
     # Digests, so every comparison is of equal length (compare_digest leaks a length mismatch), and every
     # key is compared, found or not, so the time taken does not tell how far the search went.
     given = _digest(token)
     found = None
-    for key in conf.keys:
-        if hmac.compare_digest(given, _digest(key.secret.get_secret_value())) and found is None:
+    for key, digest in zip(conf.keys, _key_digests(conf)):
+        if hmac.compare_digest(given, digest) and found is None:
             found = key
     if found is None or not token:
         raise GatewayError('Incorrect API key provided. Send a gateway key as "Authorization: Bearer <key>".',

@@ -73,11 +73,18 @@ def check_loss(resolution: Resolution, policy: Policy, name: str, loss: str, why
                        f'"allowed_losses": ["{loss}"]}}', param=name, code='unsupported_field')
 
 
+# Per route: the names a body may carry, and the fields that are parts of them (reasoning.summary, ...).
+_TOP_LEVEL = {route: frozenset(name for name, spec in fields.items() if spec.part_of is None)
+              for route, fields in ROUTES.items()}
+_PARTS = {route: tuple(spec for spec in fields.values() if spec.part_of is not None)
+          for route, fields in ROUTES.items()}
+
+
 def resolve(route: str, kind: str, body: dict, policy: Policy) -> Resolution:
     """Map every non-structural field of ``body`` for ``kind``; refuse what cannot be honoured."""
     fields = ROUTES[route]
-    unknown = sorted(set(body) - {name for name, spec in fields.items() if spec.part_of is None})
-    if unknown:
+    if not _TOP_LEVEL[route].issuperset(body):
+        unknown = sorted(set(body) - _TOP_LEVEL[route])
         raise GatewayError(f'unknown field {shown(unknown[0])} for {route}; the gateway refuses fields it does not '
                            f'know rather than ignore them', param=echo_param(unknown[0]), code='unknown_field')
     if not runs_tools(route, kind):
@@ -85,9 +92,10 @@ def resolve(route: str, kind: str, body: dict, policy: Policy) -> Resolution:
     resolution = Resolution()
     for name, value in body.items():
         _field(fields[name], kind, value, policy, resolution)
-    for spec in fields.values():
-        if spec.part_of is not None and spec.part_of(body) is not None:
-            _field(spec, kind, spec.part_of(body), policy, resolution)
+    for spec in _PARTS[route]:
+        part = spec.part_of(body)
+        if part is not None:
+            _field(spec, kind, part, policy, resolution)
     return resolution
 
 

@@ -18,11 +18,11 @@ messages are llmconn's own (no secrets, no tracebacks).
 
 from __future__ import annotations
 
-import json
 import logging
 import weakref
 from typing import Any, Callable, Iterable, TypeVar
 
+from llmconn import jsontext
 from llmconn.errors import (GatewayError, InvalidInput, LimitExceeded, LLMAuthError, LLMConnError, LLMError,
                             LLMRateLimited, LLMTimeout, StoreError, StructuredOutputError)
 from llmconn.gateway import chat_completions, compact, dispatch, fallbacks, forget, input_items, limits, responses
@@ -202,7 +202,7 @@ def _read_json(environ: dict) -> Any:
 def parse_json(raw: bytes | str) -> Any:
     """A request body (or a WebSocket message) as JSON, which has no NaN, Infinity or 1e400."""
     try:
-        return json.loads(raw, parse_constant=_not_json, parse_float=_finite)
+        return _STRICT.loads(raw)
     except RecursionError:
         raise GatewayError('the request body is JSON nested too deeply; send a flatter object') from None
     except ValueError as e:
@@ -219,6 +219,9 @@ def _finite(text: str) -> float:
     if value in (float('inf'), float('-inf')):        # 1e400: valid JSON, but no float holds it
         raise ValueError(f'the number {text[:32]} is too large')
     return value
+
+
+_STRICT = jsontext.StrictDecoder(parse_constant=_not_json, parse_float=_finite)
 
 
 _REFUSAL_CHARS = 300        # of a refusal's words quoted in the error
@@ -286,7 +289,7 @@ def error(e: BaseException, cid: str, what: str) -> tuple:
 
 
 def _json(status: int, data: Any) -> tuple:
-    body = json.dumps(data, ensure_ascii=False).encode()
+    body = jsontext.dumps(data).encode()
     return status, [('Content-Type', _JSON), ('Content-Length', str(len(body)))], [body]
 
 

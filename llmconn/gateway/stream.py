@@ -26,9 +26,10 @@ Neither does I/O: the route feeds them and writes what they return.
 
 from __future__ import annotations
 
-import json
 import secrets
 from typing import Any
+
+from llmconn import jsontext
 
 # A client that left mid-stream: the provider sent no usage yet, so the output is estimated from the
 # text streamed, at this many characters per token (a common rule of thumb), and marked as estimated.
@@ -41,15 +42,15 @@ def item_id(prefix: str) -> str:
 
 def arguments_text(arguments: Any) -> str:
     """A call's arguments as the JSON string both OpenAI APIs carry."""
-    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return arguments if isinstance(arguments, str) else jsontext.dumps(arguments)
 
 
 def sse(event: dict) -> bytes:
-    return f'event: {event["type"]}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n'.encode()
+    return f'event: {event["type"]}\ndata: {jsontext.dumps(event)}\n\n'.encode()
 
 
 def chat_sse(chunk: Any) -> bytes:
-    data = chunk if isinstance(chunk, str) else json.dumps(chunk, ensure_ascii=False)
+    data = chunk if isinstance(chunk, str) else jsontext.dumps(chunk)
     return f'data: {data}\n\n'.encode()
 
 

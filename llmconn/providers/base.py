@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
-from llmconn import items as mod_items
+from llmconn import items as mod_items, jsontext
 from llmconn.errors import InvalidInput, LLMError
 from llmconn.sse import SSE, EventStream, JSONBody
 from llmconn.text import Joiner, clean, clean_value, has_surrogate
@@ -285,12 +285,15 @@ def _kept_ids(window: tuple) -> list[str]:
     return [value for value in kept if isinstance(value, str) and value] or ([''] if kept else [])
 
 
+# What the surrogate check serializes an answer with: whatever it holds becomes text.
+_dump_any = json.JSONEncoder(ensure_ascii=False, default=str).encode
+
+
 def _has_surrogate(reply: Reply) -> bool:
     if has_surrogate(reply.text) or has_surrogate(reply.thinking):
         return True
     try:
-        return has_surrogate(json.dumps([reply.raw, reply.items, reply.steps, reply.meta], ensure_ascii=False,
-                                       default=str))
+        return has_surrogate(_dump_any([reply.raw, reply.items, reply.steps, reply.meta]))
     except (TypeError, ValueError, RecursionError):
         return True         # cannot tell cheaply: walk it
 
@@ -345,7 +348,7 @@ def check_reserved(reserved: frozenset[str], keys: Iterable[str], error: type[Ex
 def json_event(provider: Provider, sse: SSE) -> dict:
     """The JSON object a stream event carries, or an LLMError saying the stream is not what we expect."""
     try:
-        data = json.loads(sse.data)
+        data = jsontext.loads(sse.data)
     except ValueError:
         raise provider.error(f'the provider sent a stream event that is not JSON; check that "address" '
                              f'points at the {provider.name} API', sse.data) from None
@@ -364,5 +367,8 @@ def tokens(usage: Any, *path: str) -> int:
     (servers that imitate a format often leave its details out)."""
     value = usage
     for key in path:
-        value = value.get(key) if isinstance(value, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+        if not isinstance(value, dict):
+            return 0
+        value = value.get(key)
+    # JSON decodes counts as int, never a subclass: type() also leaves bool (True is not a count) out.
+    return value if type(value) is int and value > 0 else 0

@@ -24,7 +24,6 @@ Usage is not kept here: gateway calls count in the one usage ledger
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import secrets
 from enum import Enum
@@ -35,6 +34,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from llmconn import jsontext
 from llmconn.errors import StoreError
 from llmconn.store.runner import packed
 
@@ -119,7 +119,7 @@ class RecordStore:
         command of its own in the same round trip, after the record's SET: both
         packed into one send on one of the records' connections.
         """
-        key, value = response_key(record['tenant'], record['id']), json.dumps(record, ensure_ascii=False)
+        key, value = response_key(record['tenant'], record['id']), jsontext.dumps(record)
         extra = rider.command() if rider is not None else None
         if extra is None:
             self.put(key, value, ttl)
@@ -175,7 +175,7 @@ class RecordStore:
         if not valid_response_id(response_id):
             return None
         raw = self.value(response_key(tenant, response_id))
-        return json.loads(raw) if raw else None
+        return jsontext.loads(raw) if raw else None
 
     def delete(self, tenant: str, response_id: str) -> bool:
         if not valid_response_id(response_id):
