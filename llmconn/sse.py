@@ -108,20 +108,27 @@ def iter_sse(chunks: Iterable[bytes]) -> Iterator[SSE]:
     last event counts even when the stream ends without its blank line.
     """
     event, data = '', []
-    for number, raw in enumerate(_lines(chunks)):
-        if number == 0:
-            raw = raw.removeprefix(codecs.BOM_UTF8)
+    lines = _lines(chunks)
+    first = next(lines, None)
+    if first is None:
+        return
+    for raw in itertools.chain((first.removeprefix(codecs.BOM_UTF8),), lines):
         line = raw.decode('utf-8', errors='replace')
         if not line:
-            if data and ''.join(data).strip():
-                yield SSE((event, '\n'.join(data)))
+            if data:
+                joined = '\n'.join(data)
+                if joined.strip():
+                    yield SSE((event, joined))
             event, data = '', []
-        elif not line.startswith(':'):
+        elif line[0] != ':':
             field, _, value = line.partition(':')
-            value = value[1:] if value.startswith(' ') else value
-            if field == 'event':
-                event = value
-            elif field == 'data':
+            if value[:1] == ' ':
+                value = value[1:]
+            if field == 'data':
                 data.append(value)
-    if data and ''.join(data).strip():
-        yield SSE((event, '\n'.join(data)))
+            elif field == 'event':
+                event = value
+    if data:
+        joined = '\n'.join(data)
+        if joined.strip():
+            yield SSE((event, joined))

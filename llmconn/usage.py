@@ -298,7 +298,7 @@ class UsageLedger:
 class CallTally:
     """The count of one call: in the save script when its turn is saved, else in process."""
 
-    __slots__ = ('ledger', 'prefix', 'result', 'in_script', 'status', 'done', 'counters', 'lock', 'spent')
+    __slots__ = ('ledger', 'prefix', 'result', 'in_script', 'status', 'done', 'counters', 'lock', 'answers')
 
     def __init__(self, ledger: UsageLedger, prefix: str) -> None:
         self.ledger = ledger
@@ -309,8 +309,7 @@ class CallTally:
         self.done = False                   # its 'done' event went out: whatever follows, it succeeded
         self.counters: SaveCounters | None = None   # what its save carries, once the save was sent
         self.lock: Any = None               # the chat's lock that save went through
-        self.spent = dict.fromkeys(TOKEN_COUNTERS, 0)   # tokens of the rounds answered so far
-        self.spent['tool_calls'] = 0
+        self.answers: list = []             # the provider's answer of each round so far
 
     def save_entry(self, conn_name: str, chat_id: str, result: dict, lock: Any) -> SaveCounters:
         """Hand this to ``lock``'s save; call :meth:`saved` once the save succeeded."""
@@ -334,10 +333,18 @@ class CallTally:
 
     def answered(self, reply: Any) -> None:
         """A provider round answered: its tokens are spent, whatever happens to the call next."""
-        spent = self.spent
-        for name in TOKEN_COUNTERS:
-            spent[name] += getattr(reply, name, 0) or 0
-        spent['tool_calls'] += len(reply.calls)
+        self.answers.append(reply)
+
+    @property
+    def spent(self) -> dict[str, int]:
+        """The tokens (and tool calls) of the rounds answered so far; summed only for a call that failed."""
+        spent = dict.fromkeys(TOKEN_COUNTERS, 0)
+        spent['tool_calls'] = 0
+        for reply in self.answers:
+            for name in TOKEN_COUNTERS:
+                spent[name] += getattr(reply, name, 0) or 0
+            spent['tool_calls'] += len(reply.calls)
+        return spent
 
     def track(self, events: Iterable) -> Iterator:
         """Pass the call's events through, and count the call once it ends, however it ends."""

@@ -191,8 +191,8 @@ class Provider:
             joiner = joiners.get(getattr(event, 'type', None))
             if joiner is not None:
                 text = joiner.feed(event.text)
-                if text:
-                    yield dataclasses.replace(event, text=text)
+                if text:        # most deltas come through whole: the event itself (it is frozen) goes on
+                    yield event if text == event.text else dataclasses.replace(event, text=text)
                 continue
             if isinstance(event, Reply):
                 for kind, joiner in joiners.items():

@@ -149,6 +149,9 @@ class OpenAIProvider(Provider):
         yield self.done(self.parse_response(answer.completion()))
 
 
+_HEAD_KEYS = ('id', 'created', 'model', 'system_fingerprint')      # a completion's own fields, in its chunks
+
+
 class _Answer:
     """A ChatCompletion being rebuilt from its chunks."""
 
@@ -162,9 +165,11 @@ class _Answer:
         self.calls: dict[int, dict] = {}
 
     def add(self, chunk: dict) -> Iterator[Event]:
-        for key in ('id', 'created', 'model', 'system_fingerprint'):
-            if chunk.get(key) is not None:
-                self.head.setdefault(key, chunk[key])
+        head = self.head
+        if len(head) < len(_HEAD_KEYS):         # every chunk repeats them: the first of each is kept
+            for key in _HEAD_KEYS:
+                if chunk.get(key) is not None:
+                    head.setdefault(key, chunk[key])
         if chunk.get('usage'):
             self.usage = chunk['usage']
         for choice in chunk.get('choices') or ():
@@ -172,7 +177,11 @@ class _Answer:
                 continue
             self.finish_reason = choice.get('finish_reason') or self.finish_reason
             delta = choice.get('delta') or {}
-            reasoning = next((text_of(delta[k]) for k in REASONING_FIELDS if delta.get(k)), '')
+            reasoning = ''
+            for name in REASONING_FIELDS:
+                if delta.get(name):
+                    reasoning = text_of(delta[name])
+                    break
             if reasoning:
                 self.reasoning.append(reasoning)
                 yield Event('thinking', text=reasoning)
