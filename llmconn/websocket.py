@@ -93,7 +93,7 @@ class WebSocket:
         self._set_idle = taken.set_idle
         self.idle_timeout = idle_timeout
         self._messages: deque = deque()
-        self._fragments: list[bytes] = []
+        self._partial = bytearray()     # the message being assembled from its fragments
         self._text = True           # whether the message being assembled is text
         self._closed = ''           # why, once closed
         self._send_all(response.serialize())
@@ -181,10 +181,9 @@ class WebSocket:
                 continue            # pings, pongs, close: the protocol answers them
             if frame.opcode is not Opcode.CONT:
                 self._text = frame.opcode is Opcode.TEXT
-            self._fragments.append(frame.data)
+            self._partial += frame.data         # one buffer: a message in 1-byte fragments costs its size
             if frame.fin:
-                whole = b''.join(self._fragments)
-                self._fragments = []
+                whole, self._partial = bytes(self._partial), bytearray()
                 if not self._text:
                     self._messages.append(whole)
                     continue

@@ -612,3 +612,20 @@ llm:
     finally:
         sock.close()
         stop(proc)
+
+
+def test_a_message_in_many_fragments_is_assembled(stack):
+    sock = socket.create_connection(('127.0.0.1', stack.ports[0]), timeout=20)
+    try:
+        _raw_handshake(sock)
+        text = json.dumps({'type': 'response.create', 'model': 'Chat', 'input': 'in pieces'}).encode()
+        frames = [bytes([0x01 if i == 0 else 0x00, 0x81]) + b'\x00' * 4 + text[i:i + 1] for i in range(len(text) - 1)]
+        frames.append(bytes([0x80, 0x81]) + b'\x00' * 4 + text[-1:])      # the last one has FIN
+        sock.sendall(b''.join(frames))
+        answer = b''
+        while b'response.created' not in answer:
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    finally:
+        sock.close()
