@@ -90,7 +90,11 @@ class Session:
         self._open = open_socket
 
     def __iter__(self) -> Iterator[bytes]:
-        ws = self._open()
+        try:
+            ws = self._open()
+        except WebSocketClosed as e:        # gone before its 101 was sent
+            logger.debug('WebSocket cid=%s closed: %s', self.cid, e)
+            return iter(())
         try:
             while True:
                 self._answer(ws, ws.receive())
