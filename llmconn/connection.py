@@ -9,9 +9,16 @@ reads the ``done`` event's result and reply. ``run`` alone does::
     check   (arguments, tools: before any network call)
     count   (in flight for a reload's retire(), observed for metrics and the access log,
              tallied in the usage ledger under the connection, model and gateway key)
-    begin   (with a chat id, 1 Redis round trip: take the chat's lock, read the window)
+    begin   (with a chat id, 1 Redis round trip: take the chat's lock, read the window;
+             with a record, record.started(): the gateway's response in_progress)
     (render -> call -> parse -> run tools)*   (the lock is renewed in the background meanwhile)
-    save    (1 Redis round trip: append the turn, trim, expire, release)
+    save    (1 Redis round trip: append the turn, trim, expire, release;
+             with a record, record.ended() - or failed(), or cancelled() - before ``done``)
+
+A spec's ``record`` (:mod:`llmconn.call_record`) is how a caller keeps its
+own account of a call in the one pipeline: the gateway's Responses records
+(:mod:`llmconn.gateway.recording`) are saved where a chat turn would be,
+with the same failure semantics.
 
 and, when the provider fails before anything of its answer was handed on, the
 turn fails over to the connection's ``fallbacks`` inside the same begin and
@@ -37,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 from llmconn import attachments as mod_attachments
+from llmconn import call_record
 from llmconn import failover
 from llmconn import items as mod_items
 from llmconn import structured
@@ -56,7 +64,7 @@ from llmconn.skills import SkillCache
 from llmconn.text import clean, clean_value
 from llmconn.transport import Transport
 from llmconn.tool_loop import TurnLoop, check_outputs, check_pending, public_call
-from llmconn.types import CallSpec, Event, Reply, Request, Turn, drain
+from llmconn.types import CallSpec, Event, Reply, Request, Turn, add_usage, drain
 from llmconn.usage import NO_LEDGER
 
 PING_TEXT = 'ping'              # what ping() asks a server that has no model list
@@ -75,6 +83,7 @@ class _Call:
     by_name: dict = field(default_factory=dict)
     schema: structured.OutputSchema | None = None
     attachments: tuple = ()
+    spent: dict = field(default_factory=dict)      # the usage of the rounds answered so far (a record's cancel)
 
 
 class Connection:
@@ -142,11 +151,16 @@ class Connection:
         end, however they end (exhausted, failed, closed or collected), and is
         observed and counted in the usage ledger (under ``spec.key_id``). A
         ``stream`` spec on a provider that cannot stream gets the whole answer
-        as deltas.
+        as deltas. A ``spec.record`` is told of the call where a chat would be
+        begun and saved (:func:`llmconn.call_record.recorded`); one that refuses
+        to start leaves nothing sent and nothing counted.
         """
         call = self._checked(spec)
         tally = self.usage.call(self.name, self.conf.model, spec.key_id)
-        return Counted(observe.call(self.name, tally.track(self._pipeline(call, tally))), self.calls)
+        events = observe.call(self.name, tally.track(self._pipeline(call, tally)))
+        if spec.record is not None:     # outermost: a record that refuses the call leaves nothing to count
+            events = call_record.recorded(spec.record, events, call.spent)
+        return Counted(events, self.calls)
 
     def ping(self) -> bool:
         """True when the provider answers; raises LLMError otherwise.
@@ -331,6 +345,7 @@ class Connection:
                 failover.skipped(failed.name, name, str(e))
                 continue
             taken.system, taken.summary = call.system, call.summary     # the skill's, and the chat's summary
+            taken.spent = call.spent
             failover.failed_over(failed.name, name, why)
             observe.failover(failed.name, name, why)
             tally.failed_over(self.usage.prefix(name, fallback.conf.model, spec.key_id))
@@ -367,6 +382,8 @@ class Connection:
                                     f'check what the tools answer')
             reply = yield from self._round(chain, chain.request(base, loop.items, loop.last), spec.stream)
             tally.answered(reply)
+            if spec.record is not None:
+                add_usage(call.spent, reply.usage)
             loop.add(reply, chain.state(reply))
             calls = reply.calls
             if spec.stream:

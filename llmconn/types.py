@@ -8,15 +8,19 @@ provider's own bookkeeping for stateful APIs, opaque to everything else. A
 provider receives a :class:`Request`, answers with :class:`Event` deltas while
 streaming and one :class:`Reply` at the end. A caller of a connection's one
 entry, :meth:`llmconn.connection.Connection.run`, describes its call as a
-:class:`CallSpec`.
+:class:`CallSpec`, which may carry a record the pipeline keeps beside the
+chat store (:mod:`llmconn.call_record`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from llmconn import items as mod_items
+
+if TYPE_CHECKING:
+    from llmconn.call_record import CallRecord
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,9 @@ class CallSpec:
     # Called with the fallback Connection that takes the call over, before any of its events (the
     # gateway names it in its answer); never called when the connection itself answers.
     on_failover: Any = None
+    # The caller's own record of the call (the gateway's Responses records), told when it starts and
+    # how it ends at the points a chat is begun and saved (llmconn.call_record).
+    record: 'CallRecord | None' = None
 
 
 # The counts a call's usage holds (SPEC §17), 0 when the provider reports none. ``input_tokens``

@@ -12,7 +12,8 @@ into that named loss (``fallback_policy``). Modules, one concern each:
     effective.py         the settings a Response echoes: the values that were sent upstream
     offload.py           CPU-heavy checks (tool schemas) off the gevent hub
     docs.py              docs/gateway.md's compatibility tables, generated from the matrix
-    dispatch.py          sending a Responses call and recording it, plain or streamed
+    dispatch.py          sending a Responses call, and its Response or event stream made of what it made
+    recording.py         a Responses call's record, kept by Connection.run where it would keep a chat
     items.py             canonical conversation items and how they become a provider request
     backend.py           a request as a CallSpec through Connection.run, the library's one entry
     responses.py         POST/GET/DELETE /v1/responses: request parsing, Response objects
@@ -21,8 +22,12 @@ into that named loss (``fallback_policy``). Modules, one concern each:
     routes.py            HTTP routing, authentication, OpenAI-shaped errors
     responses_ws.py      WebSocket mode of /v1/responses (client.responses.connect()), over llmconn.websocket
 
-Response records live in :mod:`llmconn.store.records`; usage counts in the
-one ledger (:mod:`llmconn.usage`) under each call's gateway key.
+Every provider call goes through the library's one entry,
+:meth:`Connection.run <llmconn.connection.Connection.run>`: the routes build
+a :class:`~llmconn.types.CallSpec` (with a Responses call's record, see
+:mod:`llmconn.call_record`) and read the result. Response records live in
+:mod:`llmconn.store.records`; usage counts in the one ledger
+(:mod:`llmconn.usage`) under each call's gateway key.
 
 :func:`llmconn.gateway.routes.handle` is what :mod:`llmconn.wsgi` calls for
 paths under ``/v1/``, :func:`llmconn.gateway.responses_ws.handle` for a WebSocket upgrade there.

@@ -27,7 +27,7 @@ back) is the provider's to say (:mod:`llmconn.providers`).
 from __future__ import annotations
 
 import uuid
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from llmconn import items as mod_items
 from llmconn.errors import GatewayError
@@ -35,6 +35,9 @@ from llmconn.gateway import limits, values
 from llmconn.gateway.items import Conversation
 from llmconn.providers.base import SYSTEM
 from llmconn.types import CallSpec, Event, drain
+
+if TYPE_CHECKING:
+    from llmconn.call_record import CallRecord
 
 
 def kind(conn: Any) -> str:
@@ -64,14 +67,17 @@ def check_usable(conn: Any, model: str) -> None:
 
 def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
            previous_response_id: str = '', store: bool = True, key_id: str = '', tools: tuple = (),
-           hosted: tuple = (), fallbacks: tuple = (), on_failover: Any = None) -> Iterator[Event]:
+           hosted: tuple = (), fallbacks: tuple = (), on_failover: Any = None,
+           record: 'CallRecord | None' = None) -> Iterator[Event]:
     """The connection's events for ``conversation``: ``thinking`` / ``text`` deltas and one ``done``.
 
     Checked now (bad input raises before any network call); the provider is
     reached on the first ``next``. The call is counted in the usage ledger
     under the gateway key ``key_id``, however it ends. It may fail over to
     ``fallbacks`` (:mod:`llmconn.gateway.fallbacks`), which calls
-    ``on_failover(fallback)`` before any of that one's events.
+    ``on_failover(fallback)`` before any of that one's events. ``record``
+    (a :class:`~llmconn.call_record.CallRecord`: the Responses route's) is
+    kept by the pipeline at the points it would keep a chat.
     """
     if conversation.system and SYSTEM not in conn.provider.capabilities:
         raise GatewayError(f'instructions and system messages are not supported with a {kind(conn)} backend',
@@ -85,7 +91,8 @@ def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
         conversation.text, params=params, stream=stream, tools=list(tools) or None, system=conversation.system,
         history=tuple(conversation.turns), items=tuple(conversation.items), tag=conversation.tag,
         hosted=tuple(hosted), chain=chain, stateless=not store, run_tools=False, key_id=key_id, schema=schema,
-        attachments=list(conversation.attachments) or None, fallbacks=tuple(fallbacks), on_failover=on_failover)))
+        attachments=list(conversation.attachments) or None, fallbacks=tuple(fallbacks), on_failover=on_failover,
+        record=record)))
 
 
 def answer(events: Iterator[Event]) -> Any:

@@ -24,13 +24,14 @@ import time as mod_time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from llmconn.call_record import estimated_usage
 from llmconn.errors import GatewayError, LLMConnError, StoreError
 from llmconn.gateway import backend, call_registry, fallbacks, items as mod_items, limits, tools as mod_tools
 from llmconn.gateway.capabilities import CHAT
 from llmconn.gateway.echo import bounded
 from llmconn.gateway.policy import Policy, resolve
 from llmconn.gateway.responses import DOWNGRADES_KEY
-from llmconn.gateway.stream import ChatChunks, chat_sse, estimated_usage
+from llmconn.gateway.stream import ChatChunks, chat_sse
 from llmconn.gateway.turns import to_conversation
 
 logger = logging.getLogger('llmconn.gateway')

@@ -31,10 +31,6 @@ from typing import Any
 
 from llmconn import jsontext
 
-# A client that left mid-stream: the provider sent no usage yet, so the output is estimated from the
-# text streamed, at this many characters per token (a common rule of thumb), and marked as estimated.
-CHARS_PER_TOKEN_ESTIMATE = 4
-
 
 def item_id(prefix: str) -> str:
     return f'{prefix}_{secrets.token_hex(24)}'
@@ -52,11 +48,6 @@ def sse(event: dict) -> bytes:
 def chat_sse(chunk: Any) -> bytes:
     data = chunk if isinstance(chunk, str) else jsontext.dumps(chunk)
     return f'data: {data}\n\n'.encode()
-
-
-def estimated_usage(streamed_chars: int) -> dict:
-    output = -(-streamed_chars // CHARS_PER_TOKEN_ESTIMATE)
-    return {'input_tokens': 0, 'output_tokens': output, 'total_tokens': output, 'estimated': True}
 
 
 def message_item(text: str, status: str = 'completed', ident: str = '') -> dict:
