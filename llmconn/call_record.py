@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator, Protocol
 
+from llmconn.types import add_usage
+
 if TYPE_CHECKING:
     from llmconn.types import Event, Reply
 
@@ -56,11 +58,12 @@ def estimated_usage(streamed_chars: int) -> dict:
     return {'input_tokens': 0, 'output_tokens': output, 'total_tokens': output, 'estimated': True}
 
 
-def recorded(record: CallRecord, events: Iterator['Event'], spent: dict) -> Iterator['Event']:
+def recorded(record: CallRecord, events: Iterator['Event'], answers: list) -> Iterator['Event']:
     """``events`` of one call, told to ``record`` at its points (see the module's docstring).
 
-    ``spent`` is the usage of the provider rounds answered so far (the pipeline adds to it);
-    a call cancelled before any round reported usage is estimated from its text deltas.
+    ``answers`` holds the :class:`~llmconn.types.Reply` of each provider round answered so far
+    (the pipeline adds to it); a call cancelled before any of them reported usage is estimated
+    from its text deltas.
     """
     record.started()
     streamed, done = 0, False
@@ -79,10 +82,17 @@ def recorded(record: CallRecord, events: Iterator['Event'], spent: dict) -> Iter
         if isinstance(e, Exception):
             record.failed(e)
         else:                   # GeneratorExit, GreenletExit, KeyboardInterrupt: stopped, not failed
-            record.cancelled(dict(spent) if any(spent.values()) else estimated_usage(streamed))
+            record.cancelled(_usage_so_far(answers, streamed))
         raise
     finally:
         _close(events)
+
+
+def _usage_so_far(answers: list, streamed: int) -> dict:
+    spent: dict = {}
+    for reply in answers:
+        add_usage(spent, reply.usage)
+    return spent if any(spent.values()) else estimated_usage(streamed)
 
 
 def _close(events: Iterator) -> None:

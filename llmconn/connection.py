@@ -64,7 +64,7 @@ from llmconn.skills import SkillCache
 from llmconn.text import clean, clean_value
 from llmconn.transport import Transport
 from llmconn.tool_loop import TurnLoop, check_outputs, check_pending, public_call
-from llmconn.types import CallSpec, Event, Reply, Request, Turn, add_usage, drain
+from llmconn.types import CallSpec, Event, Reply, Request, Turn, drain
 from llmconn.usage import NO_LEDGER
 
 PING_TEXT = 'ping'              # what ping() asks a server that has no model list
@@ -83,7 +83,7 @@ class _Call:
     by_name: dict = field(default_factory=dict)
     schema: structured.OutputSchema | None = None
     attachments: tuple = ()
-    spent: dict = field(default_factory=dict)      # the usage of the rounds answered so far (a record's cancel)
+    answers: list = field(default_factory=list)    # each round's Reply so far (a record's cancel sums them)
 
 
 class Connection:
@@ -159,7 +159,7 @@ class Connection:
         tally = self.usage.call(self.name, self.conf.model, spec.key_id)
         events = observe.call(self.name, tally.track(self._pipeline(call, tally)))
         if spec.record is not None:     # outermost: a record that refuses the call leaves nothing to count
-            events = call_record.recorded(spec.record, events, call.spent)
+            events = call_record.recorded(spec.record, events, call.answers)
         return Counted(events, self.calls)
 
     def ping(self) -> bool:
@@ -345,7 +345,7 @@ class Connection:
                 failover.skipped(failed.name, name, str(e))
                 continue
             taken.system, taken.summary = call.system, call.summary     # the skill's, and the chat's summary
-            taken.spent = call.spent
+            taken.answers = call.answers
             failover.failed_over(failed.name, name, why)
             observe.failover(failed.name, name, why)
             tally.failed_over(self.usage.prefix(name, fallback.conf.model, spec.key_id))
@@ -382,8 +382,7 @@ class Connection:
                                     f'check what the tools answer')
             reply = yield from self._round(chain, chain.request(base, loop.items, loop.last), spec.stream)
             tally.answered(reply)
-            if spec.record is not None:
-                add_usage(call.spent, reply.usage)
+            call.answers.append(reply)
             loop.add(reply, chain.state(reply))
             calls = reply.calls
             if spec.stream:

@@ -132,3 +132,23 @@ def test_a_failover_records_the_connection_that_answered(registry, provider):
     run(registry['P'], record, True, [])
     assert record.names == ['started', 'ended'] and record.notes[1][1] == 2
     assert record.notes[1][3]['connection'] == 'C'
+
+
+def test_a_caller_that_leaves_after_a_round_answered_is_recorded_with_that_rounds_usage(registry, provider):
+    def get_order(order_id: str) -> str:
+        return f'order {order_id} shipped'
+
+    record = NotedRecord(provider, [])
+    events = registry['C'].run(CallSpec('call get_order {"order_id": "A-1"}', stream=True, tools=[get_order],
+                                        record=record))
+    seen = []
+    for event in events:
+        seen.append(event.type)
+        if event.type == 'text':
+            break
+    events.close()
+    assert seen[:2] == ['tool_call', 'tool_result'] and record.names == ['started', 'cancelled']
+    first_round = provider.requests[0]
+    usage = record.notes[1][3]
+    assert 'estimated' not in usage and usage['input_tokens'] > 0 and usage['output_tokens'] > 0
+    assert len(provider.requests) == 2 and first_round['path'] == '/v1/chat/completions'
