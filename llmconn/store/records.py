@@ -125,7 +125,7 @@ class RecordStore:
             self.put(key, value, ttl)
             return
         try:
-            stored, reply = _run(self._pair, ('SET', key, value, 'PX', max(1, int(ttl * 1000))), extra)
+            stored, reply = _run(self._send, ('SET', key, value, 'PX', max(1, int(ttl * 1000))), extra)
         except BaseException:
             rider.failed()
             raise
@@ -133,26 +133,28 @@ class RecordStore:
         if isinstance(stored, Exception):
             _run(_raise, stored)
 
-    def _pair(self, first: tuple, second: tuple) -> list:
-        """Both commands in one send; each reply, or the error reply it was (raised for a broken connection).
+    def _send(self, *commands: tuple) -> list:
+        """The commands in one send; each reply, or the error reply it was (raised for a broken connection).
 
-        redis-py's pipeline object costs more CPU than the second command's round trip would: for
-        redis-py's own connection classes the two are packed and read here, on a connection of the
-        client's pool (its checkout keeps AUTH, TLS, health checks and a Sentinel's master lookup);
-        a broken connection is retried once on a fresh one, as the client's own retry does.
+        redis-py's pipeline object costs more CPU than the second command's round trip would, and
+        its client's path for one command (its argument parsing, encoder and observability hooks)
+        several times what the command's own packing and reading cost: for redis-py's own
+        connection classes the commands are packed and read here, on a connection of the client's
+        pool (its checkout keeps AUTH, TLS, health checks and a Sentinel's master lookup); a broken
+        connection is retried once on a fresh one, as the client's own retry does.
         """
         pool = self._client.connection_pool
         if not self._own_pool:
             pipe = self._client.pipeline(transaction=False)
-            pipe.execute_command(*first)
-            pipe.execute_command(*second)
+            for command in commands:
+                pipe.execute_command(*command)
             return pipe.execute(raise_on_error=False)
         for attempt in (1, 2):
             conn = pool.get_connection()
             try:
-                conn.send_packed_command(packed(conn, first, second))
+                conn.send_packed_command(packed(conn, *commands))
                 replies = []
-                for _ in (first, second):
+                for _ in commands:
                     try:
                         replies.append(conn.read_response())
                     except ResponseError as e:      # an error reply: the connection stays in step
@@ -184,7 +186,13 @@ class RecordStore:
 
     def put(self, key: str, value: str, ttl: float | None = None) -> None:
         """Set ``key`` to ``value``, expiring in ``ttl`` s (None: never)."""
-        _run(self._client.set, key, value, None, None if ttl is None else max(1, int(ttl * 1000)))
+        command = ('SET', key, value) if ttl is None else ('SET', key, value, 'PX', max(1, int(ttl * 1000)))
+        if not self._own_pool:          # the embedded store, Cluster, Sentinel: the client's own way
+            _run(self._client.execute_command, *command)
+            return
+        stored, = _run(self._send, command)
+        if isinstance(stored, Exception):
+            _run(_raise, stored)
 
     def put_new(self, key: str, value: str) -> bool:
         """Set ``key`` unless it exists; whether it was set."""
