@@ -7,13 +7,14 @@ How a request is counted, across every gateway process sharing the Redis:
   and, unless a limit is reached, counts the request. The check and the
   count are one atomic step, so a burst from many processes is admitted
   exactly ``rpm`` times a minute. On the Responses route the script rides
-  the round trip that records the response ``in_progress`` (one pipeline);
-  on Chat Completions it is the request's one extra round trip.
+  the round trip that records the response ``in_progress`` (packed after
+  its SET in one send); on Chat Completions it is the request's one extra
+  round trip. On a Redis Cluster nothing rides another write.
 * What the call spent (input + output tokens to the minute, its cost in
   micro-USD at the connection's ``pricing`` to the period) is not a round
   trip of its own. The process keeps it and the next script of the same
   key adds it first (settle, then admit); the Responses route's final
-  record carries it (same pipeline); anything left is written by a
+  record carries it (same send); anything left is written by a
   background flush within :data:`SETTLE_INTERVAL`, at once when it brings
   the key to its tpm or budget as this process last saw them, and at exit.
   tpm and the budget are therefore counted after the call: a request is
@@ -24,7 +25,9 @@ How a request is counted, across every gateway process sharing the Redis:
   usage ledger counts for it) and their cost.
 * A key without limits costs no Redis round trip. With limits, Redis down is
   a 503 (:class:`~llmconn.errors.StoreError`): never unlimited service. A
-  settlement that cannot be written is kept and written later.
+  settlement that cannot be written is kept and written later; a script
+  whose reply was lost is sent again, so it may count twice (erring on the
+  side of the limit).
 
 Every answer of a limited key carries OpenAI's ``x-ratelimit-*`` headers.
 """
