@@ -113,7 +113,8 @@ class _Watchdog:
     def __init__(self) -> None:
         self._heap: list = []
         self._order = itertools.count()
-        self._wake = threading.Condition()
+        # A plain lock under the condition: nothing takes it twice, and an RLock is Python code under gevent.
+        self._wake = threading.Condition(threading.Lock())
         self.sockets_lock = threading.Lock()      # the deadlines' own (see Deadline._lock)
         self.pid = os.getpid()
         threading.Thread(target=self._run, name='llmconn-deadlines', daemon=True).start()

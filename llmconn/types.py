@@ -14,6 +14,7 @@ chat store (:mod:`llmconn.call_record`).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
@@ -150,6 +151,7 @@ class CallSpec:
 # is the whole input, cached or not; the cache counts are the parts of it read from and written to
 # the provider's prompt cache; ``reasoning_tokens`` the part of ``output_tokens`` spent thinking.
 USAGE_KEYS = ('input_tokens', 'output_tokens', 'cache_read_tokens', 'cache_write_tokens', 'reasoning_tokens')
+_usage_of = operator.attrgetter(*USAGE_KEYS)      # a Reply's counts, in USAGE_KEYS order
 
 
 def add_usage(total: dict, usage: dict) -> dict:
@@ -184,7 +186,7 @@ class Reply:
     @property
     def usage(self) -> dict:
         """This answer's counts, every key of :data:`USAGE_KEYS`."""
-        return {key: getattr(self, key) for key in USAGE_KEYS}
+        return dict(zip(USAGE_KEYS, _usage_of(self)))
 
     def as_result(self) -> dict:
         """The plain dict ``invoke``, ``chat`` and the ``done`` event return."""
