@@ -16,7 +16,9 @@ into that named loss (``fallback_policy``). Modules, one concern each:
     recording.py         a Responses call's record, kept by Connection.run where it would keep a chat
     items.py             canonical conversation items and how they become a provider request
     backend.py           a request as a CallSpec through Connection.run, the library's one entry
-    responses.py         POST/GET/DELETE /v1/responses: request parsing, Response objects
+    responses.py         POST /v1/responses: a request checked and resolved into a Call
+    response_objects.py  Response objects: of a call as it ends, or of its stored record (GET)
+    response_record.py   what a response's record holds, text only under standard retention
     stream.py            the Responses and Chat Completions event streams (the normalizer)
     chat_completions.py  POST /v1/chat/completions, stateless
     routes.py            HTTP routing, authentication, OpenAI-shaped errors

@@ -27,7 +27,8 @@ from llmconn.errors import GatewayError
 from llmconn.gateway import items as mod_items
 from llmconn.gateway.summary_item import encode
 from llmconn.store.records import StoreMode
-from llmconn.gateway.responses import _previous, usage_object
+from llmconn.gateway.response_objects import usage_object
+from llmconn.gateway.responses import _previous
 from llmconn.types import USAGE_KEYS, CallSpec
 
 def compact(gw: Any, key: Any, body: Any) -> dict:

@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterator
 from llmconn.errors import LLMConnError
 from llmconn.gateway import backend, limits
 from llmconn.gateway.recording import ResponseRecord
-from llmconn.gateway.responses import Call, response_object
+from llmconn.gateway.response_objects import response_object
+from llmconn.gateway.responses import Call
 from llmconn.gateway.stream import ResponseEvents, sse
 
 

@@ -31,7 +31,9 @@ from llmconn.errors import LimitExceeded, LLMConnError, StoreError
 from llmconn.gateway import backend, call_registry, items as mod_items, limits
 from llmconn.gateway.echo import bounded
 from llmconn.gateway.reasoning import sealed_answer
-from llmconn.gateway.responses import Call, output_items, record, response_object, usage_object
+from llmconn.gateway.response_objects import output_items, response_object, usage_object
+from llmconn.gateway.response_record import record
+from llmconn.gateway.responses import Call
 from llmconn.gateway.stream import ResponseEvents
 from llmconn.gateway.tools import call_item
 

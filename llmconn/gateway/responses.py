@@ -1,4 +1,4 @@
-"""``/v1/responses``: a request checked and resolved into a provider call, and the Response it makes.
+"""``POST /v1/responses``: a request checked and resolved into a :class:`Call`, ready to be sent.
 
 :func:`prepare` does every check before any network call: the key's
 models and hosted tools, each field against the capability matrix, the
@@ -18,11 +18,13 @@ item carry the backend's own items, sealed (:mod:`llmconn.gateway.reasoning`),
 so a stateless client can continue a turn of function calls; sealed
 reasoning items in ``input`` are opened whether or not the request asks
 for more.
+
+A call's Response objects are made by :mod:`.response_objects`, its record
+by :mod:`.response_record`; :mod:`.dispatch` sends it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time as mod_time
 from dataclasses import dataclass, field
@@ -30,16 +32,17 @@ from typing import Any
 
 from llmconn.errors import GatewayError
 from llmconn import items as canon
-from llmconn.gateway import backend, call_registry, effective, fallbacks, forget, input_items, items as mod_items
+from llmconn.gateway import backend, call_registry, effective, fallbacks, forget, items as mod_items
 from llmconn.gateway import reasoning
 from llmconn.gateway import tools as mod_tools
 from llmconn.gateway.capabilities import RESPONSES
 from llmconn.gateway.echo import shown, shown_all
 from llmconn.gateway.policy import Policy, check_history, resolve
+from llmconn.gateway.response_objects import usage_object  # noqa: F401  (imported from here by callers)
+from llmconn.gateway.response_record import CONTINUABLE
+from llmconn.gateway.turns import to_conversation
 from llmconn.gateway_config import Retention
 from llmconn.store.records import StoreMode, new_response_id
-from llmconn.gateway.stream import message_item, reasoning_item
-from llmconn.gateway.turns import to_conversation
 
 logger = logging.getLogger('llmconn.gateway')
 
@@ -47,7 +50,6 @@ DOWNGRADES_KEY = 'llmconn_downgrades'
 MAX_METADATA_KEYS = 16          # OpenAI's limits on metadata
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
-_CONTINUABLE = ('completed', 'incomplete')
 
 
 @dataclass
@@ -251,7 +253,7 @@ def _previous(gw: Any, key: Any, previous_id: Any, conn: Any) -> dict | None:
     if record is None or not key.may_use(record['model']):
         raise GatewayError(f'Previous response with id {shown(previous_id)} not found.', 404,
                            param='previous_response_id', code='previous_response_not_found')
-    if record['status'] not in _CONTINUABLE:
+    if record['status'] not in CONTINUABLE:
         raise GatewayError(f'previous response {previous_id} is {record["status"]}; only a completed response '
                            f'can be continued', param='previous_response_id')
     mode = StoreMode(record['store_mode'])
@@ -267,138 +269,3 @@ def _previous(gw: Any, key: Any, previous_id: Any, conn: Any) -> dict | None:
                            'reuse retained conversation text', param='previous_response_id')
     forget.check(gw, key.tenant, record)
     return record
-
-
-def instructions_hash(instructions: str | None) -> str:
-    return 'sha256:' + hashlib.sha256(instructions.encode('utf-8')).hexdigest() if instructions else ''
-
-
-def usage_object(input_tokens: int, output_tokens: int, estimated: bool = False, *, cache_read_tokens: int = 0,
-                 cache_write_tokens: int = 0, reasoning_tokens: int = 0) -> dict:
-    """A Response's usage; ``usage_object(**reply.usage)`` carries a reply's cache and reasoning counts."""
-    usage = {'input_tokens': input_tokens,
-             'input_tokens_details': {'cached_tokens': cache_read_tokens, 'cache_write_tokens': cache_write_tokens},
-             'output_tokens': output_tokens, 'output_tokens_details': {'reasoning_tokens': reasoning_tokens},
-             'total_tokens': input_tokens + output_tokens}
-    if estimated:
-        usage['estimated'] = True
-    return usage
-
-
-def response_object(call: Call, status: str, output: list, usage: dict | None, *, reason: str = '',
-                    error: dict | None = None) -> dict:
-    """A Response as the Open Responses specification and ``openai.types.responses.Response`` shape it."""
-    return _resource(id=call.id, created_at=call.created_at, completed_at=_completed_at(call, status), status=status,
-                     model=call.model, output=output, instructions=call.instructions, metadata=call.metadata,
-                     previous_response_id=call.previous['id'] if call.previous else None, usage=usage,
-                     error=error, incomplete_details={'reason': reason} if reason else None,
-                     tools=call.echo_tools, store=call.store, settings=call.settings)
-
-
-def _resource(*, settings: dict, **fields: Any) -> dict:
-    """Every field the specification requires, in its order; ``settings`` as :mod:`effective` made them."""
-    return {'id': fields['id'], 'object': 'response', 'created_at': int(fields['created_at']),
-            'completed_at': fields['completed_at'], 'status': fields['status'],
-            'incomplete_details': fields['incomplete_details'], 'model': fields['model'],
-            'previous_response_id': fields['previous_response_id'], 'instructions': fields['instructions'],
-            'output': fields['output'], 'error': fields['error'], 'tools': fields['tools'], 'tool_choice': 'auto',
-            'parallel_tool_calls': True, 'background': False, 'store': fields['store'],
-            'metadata': fields['metadata'], 'usage': fields['usage'],
-            **(settings or effective.stored_defaults())}
-
-
-def _completed_at(call: Call, status: str) -> int | None:
-    """When the response ended; only a completed one has a completion time (as OpenAI reports it)."""
-    return _ended_at(call, status) if status == 'completed' else None
-
-
-def _ended_at(call: Call, status: str) -> int | None:
-    """The time ``call`` ended, taken once (the answer and the record, written a moment apart, agree)."""
-    if status == 'in_progress':
-        return None
-    if call.ended_at is None:
-        call.ended_at = int(mod_time.time())
-    return call.ended_at
-
-
-def output_items(thinking: str, text: str, status: str, calls: list | None = None, sealed: str = '',
-                 custom: frozenset = frozenset()) -> list:
-    """The Response's output: reasoning (carrying ``sealed``), the message (unless the answer is only calls),
-    the calls (a custom tool's as ``custom_tool_call``)."""
-    out = [reasoning_item(thinking, sealed=sealed)] if thinking or sealed else []
-    if text or not calls:
-        out.append(message_item(text, 'incomplete' if status == 'incomplete' else 'completed'))
-    return out + [mod_tools.call_item(c, custom) for c in calls or ()]
-
-
-
-def record(call: Call, status: str, usage: dict | None, output: list, *, provider_id: str = '',
-           answer: dict | None = None, reason: str = '', error: dict | None = None, calls: list | None = None) -> dict:
-    """The ledger record of ``call``; prompt and answer text only when stored under standard retention.
-
-    ``answer`` is the canonical assistant item the response added to the conversation (gateway mode).
-    """
-    ttl = call.expiry
-    rec = {'id': call.id, 'tenant': call.key.tenant, 'key_id': call.key.id, 'model': call.model,
-           'provider_kind': backend.kind(call.answering), 'store_mode': call.mode, 'retention': call.key.retention,
-           'previous_response_id': call.previous['id'] if call.previous else None,
-           'chain': forget.chain_of(call.previous) if call.previous else call.id,
-           'lineage': forget.lineage(call.previous),
-           'provider_response_id': provider_id if call.mode == StoreMode.PROVIDER else '',
-           'created_at': call.created_at, 'expires_at': call.created_at + ttl,
-           'completed_at': _ended_at(call, status),
-           'status': status, 'usage': usage or {}, 'downgrades': call.downgrades,
-           'counts': {'input_items': len(call.context), 'output_items': len(output),
-                      'function_calls': len(calls or ())}}
-    keep_text = call.store and call.key.retention == Retention.STANDARD
-    if keep_text:
-        rec.update(instructions_hash=instructions_hash(call.instructions), instructions=call.instructions,
-                   metadata=call.metadata, output=output, input_items=input_items.render(call.id, call.input),
-                   settings=call.settings, tools=call.echo_tools)
-    if calls:
-        rec['tool_calls'] = mod_tools.registry(calls)
-    answered = _answered(call)
-    if answered:
-        rec['tool_outputs'] = answered
-    if reason:
-        rec['incomplete_details'] = {'reason': reason}
-    if error:
-        # A provider's message may quote the prompt (a 400 naming the bad input): without retention
-        # only its code is kept.
-        rec['error'] = error if keep_text else {'code': error.get('code') or 'server_error'}
-    if call.mode == StoreMode.GATEWAY and keep_text and status in _CONTINUABLE and answer is not None:
-        rec['context'] = call.context + [answer]
-    return rec
-
-
-def _answered(call: Call) -> list:
-    """The registry entries of the calls this request answers (joined to the response that made them)."""
-    items = call.conversation.items
-    if not items or call.previous is None:
-        return []
-    names = {c['call_id']: c['name'] for c in call.previous.get('tool_calls') or ()}
-    return [{'call_id': i['call_id'], 'name': names.get(i['call_id'], ''), 'response_id': call.previous['id'],
-             'status': 'answered'} for i in items if i['kind'] == canon.OUTPUT]
-
-
-def _stored_usage(usage: dict | None) -> dict | None:
-    """A record's usage as a Response carries it (a cancelled response's estimate has no details)."""
-    if not usage:
-        return None
-    if 'input_tokens_details' in usage:
-        return {k: v for k, v in usage.items() if k != 'estimated'}
-    return usage_object(usage.get('input_tokens') or 0, usage.get('output_tokens') or 0)
-
-
-def from_record(rec: dict) -> dict:
-    """The Response a stored record describes (GET /v1/responses/{id})."""
-    usage = rec.get('usage')
-    return _resource(id=rec['id'], created_at=rec['created_at'],
-                     completed_at=int(rec['completed_at']) if rec['status'] == 'completed' and rec.get('completed_at')
-                     else None,
-                     status=rec['status'], model=rec['model'], output=rec.get('output') or [],
-                     instructions=rec.get('instructions'), metadata=rec.get('metadata') or {},
-                     previous_response_id=rec.get('previous_response_id'),
-                     usage=_stored_usage(usage),
-                     error=rec.get('error'), incomplete_details=rec.get('incomplete_details'), tools=rec.get('tools') or [],
-                     store=True, settings=rec.get('settings') or {})

@@ -26,7 +26,7 @@ from llmconn import jsontext
 from llmconn.errors import (GatewayError, InvalidInput, LimitExceeded, LLMAuthError, LLMConnError, LLMError,
                             LLMRateLimited, LLMTimeout, StoreError, StructuredOutputError)
 from llmconn.gateway import chat_completions, compact, dispatch, fallbacks, forget, input_items, limits, responses
-from llmconn.gateway import shapes
+from llmconn.gateway import response_objects, shapes
 from llmconn.gateway.capabilities import CHAT, RESPONSES
 from llmconn.gateway.echo import MAX_PARAM_CHARS, bounded, shown
 from llmconn.gateway.keys import GatewayConfig, bearer_token, find_key
@@ -174,7 +174,7 @@ def _stored_response(gw: Gateway, key: Any, method: str, response_id: str) -> tu
     if method == 'DELETE':
         forget.forget(gw, key.tenant, record)
         return _json(200, {'id': response_id, 'object': 'response', 'deleted': True})
-    return _json(200, responses.from_record(record))
+    return _json(200, response_objects.from_record(record))
 
 
 def _stored(gw: Gateway, key: Any, response_id: str) -> dict:

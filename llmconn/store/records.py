@@ -7,7 +7,7 @@ One JSON record per response, keyed by tenant and gateway response id
 
 What a record holds (store mode, ids, times, status, usage, and text only
 under standard retention) is the gateway's business
-(:mod:`llmconn.gateway.responses`); this module writes and reads it whole
+(:mod:`llmconn.gateway.response_record`); this module writes and reads it whole
 (``SET``, ``GET``, ``DEL``). A record of another tenant lives under another
 key, so looking it up with the wrong tenant finds nothing, as if absent. A
 response's record is written by the one request that made it, so there is
