@@ -1,4 +1,4 @@
-"""Tools the model may call: definitions, the checks made before dispatch, and running them.
+"""Tools the model may call: definitions, and the checks made before dispatch.
 
 A tool is a :class:`Tool` (name, description, JSON Schema ``parameters``,
 and a ``function``, or None for a manual tool whose outputs the caller
@@ -7,43 +7,31 @@ type hints and whose description is its docstring.
 
 Everything about the definitions is checked before any network call
 (:func:`prepare`): names, uniqueness, a valid draft 2020-12 object schema
-within the size and depth limits, and hosted tools only where the
-connection lists them. When the model calls a tool, its arguments are
-validated against the schema before the function runs; an invalid call or
-a function that raises is answered with an error output the model reads,
-never an error of the call (:func:`run`).
+within the size and depth limits (:mod:`llmconn.tool_schema`), and hosted
+tools only where the connection lists them. When the model calls a tool,
+:func:`run` (:mod:`llmconn.tool_runner`) validates its arguments against the
+schema before the function runs; an invalid call or a function that raises
+is answered with an error output the model reads, never an error of the call.
 """
 
 from __future__ import annotations
 
-import contextvars
-import functools
-import hashlib
 import inspect
-import json
-import logging
 import re
-import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-import jsonschema
 import pydantic
-import referencing
-import referencing.exceptions
 
 from llmconn.errors import InvalidInput
-from llmconn.text import clean
-
-logger = logging.getLogger(__name__)
+from llmconn.tool_runner import ABANDONED, MAX_OUTPUT_CHARS, run  # noqa: F401  (llmconn.tools.run as before)
+from llmconn.tool_schema import (LOCAL_ONLY, MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, check_schema,  # noqa: F401
+                                 remember_validator, validation_errors)
+from llmconn.tool_schema import short as _short
 
 # \A...\Z, not ^...$: "$" also matches before a final newline, so "get_order\n" passed with .match().
 NAME_PATTERN = re.compile(r'\A[a-zA-Z0-9_-]{1,64}\Z')
-MAX_SCHEMA_BYTES = 64 * 1024
-MAX_SCHEMA_DEPTH = 16
-MAX_OUTPUT_CHARS = 1_000_000       # one output; as much as one message may carry
-REF_KEYWORDS = ('$ref', '$dynamicRef')
 
 
 @dataclass(frozen=True)
@@ -79,9 +67,7 @@ class Tool:
         except TypeError:
             pass        # not weakly referable (a builtin): derived on every call
         else:
-            if len(_derived_validators) >= MAX_DERIVED_VALIDATORS:
-                _derived_validators.clear()
-            _derived_validators[id(tool)] = (tool, _validator(json.dumps(tool.parameters, sort_keys=True)))
+            remember_validator(tool)
         return tool
 
     @classmethod
@@ -92,11 +78,6 @@ class Tool:
 
 
 _from_callable: 'weakref.WeakKeyDictionary[Callable, Tool]' = weakref.WeakKeyDictionary()
-# The argument validators of derived tools, by id(tool): their schemas are made here and never
-# change, so a call need not serialize one to find its validator. Tools given as llmconn.Tool are
-# the caller's and are looked up by their schema's text on every call.
-_derived_validators: dict[int, tuple['Tool', Any]] = {}
-MAX_DERIVED_VALIDATORS = 1024
 
 
 def schema_of(function: Callable) -> dict:
@@ -187,77 +168,6 @@ def check(tool: Tool) -> None:
     check_schema(tool.name, tool.parameters)
 
 
-def check_schema(name: str, schema: Any, label: str = '') -> None:
-    """One schema within the limits; ``label`` names it in errors (default: the tool's parameters)."""
-    label = label or f'tool "{name}": parameters'
-    if not isinstance(schema, dict) or schema.get('type') != 'object':
-        raise InvalidInput(f'{label} must be a JSON Schema object with "type": "object"')
-    try:
-        text = json.dumps(schema, sort_keys=True)
-    except RecursionError:
-        raise InvalidInput(f'{label} nests deeper than the limit of {MAX_SCHEMA_DEPTH} '
-                           f'levels; flatten the schema') from None
-    except (TypeError, ValueError) as e:
-        raise InvalidInput(f'{label} is not JSON ({e})') from None
-    _check_refs(label, schema)
-    _check_schema_text(label, text)
-
-
-def _check_refs(label: str, schema: Any) -> None:
-    """Only references inside the schema itself (``#...``): anything else would be a URL to fetch.
-
-    jsonschema retrieves an unknown ``$ref`` over HTTP when it validates, which
-    would be a request to anywhere, made while the chat's lock is held.
-    """
-    stack = [schema]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            for key in REF_KEYWORDS:
-                ref = value.get(key)
-                if ref is not None and not (isinstance(ref, str) and ref.startswith('#')):
-                    raise InvalidInput(f'{label} has {key} {_short(ref)}, which points outside '
-                                       f'the schema; inline it under "$defs" and refer to it as "#/$defs/..."')
-            stack.extend(value.values())
-        elif isinstance(value, list):
-            stack.extend(value)
-
-
-def _check_schema_text(label: str, text: str) -> None:
-    """The checks of one serialized schema; a schema that passed (or failed) is not checked again."""
-    digest = hashlib.sha256(text.encode('utf-8', 'surrogatepass')).digest()
-    problem = _schema_problems.get(digest)
-    if problem is None:
-        problem = _schema_problem(text)
-        if len(_schema_problems) >= MAX_CHECKED_SCHEMAS:
-            _schema_problems.pop(next(iter(_schema_problems)), None)      # the oldest goes first
-        _schema_problems[digest] = problem
-    if problem:
-        raise InvalidInput(f'{label} {problem}')
-
-
-# What was found wrong with each schema checked ('' for nothing), by the digest of its text: jsonschema's
-# check_schema costs about 10 µs per byte (0.4 s for 40 KB), so a schema is checked once per process,
-# whatever tool name or request carries it. Digests keep the cache small however large the schemas.
-MAX_CHECKED_SCHEMAS = 4096
-_schema_problems: dict[bytes, str] = {}
-
-
-def _schema_problem(text: str) -> str:
-    schema = json.loads(text)
-    size = len(text.encode('utf-8', 'surrogatepass'))
-    if size > MAX_SCHEMA_BYTES:
-        return f'is {size} bytes serialized, more than the limit of {MAX_SCHEMA_BYTES}; simplify the schema'
-    depth = _depth(schema)
-    if depth > MAX_SCHEMA_DEPTH:
-        return f'nests {depth} levels deep, more than the limit of {MAX_SCHEMA_DEPTH}; flatten the schema'
-    try:
-        jsonschema.Draft202012Validator.check_schema(schema)
-    except jsonschema.SchemaError as e:
-        return f'is not a valid JSON Schema (draft 2020-12): {e.message}'
-    return ''
-
-
 def check_hosted(hosted: Iterable[dict], allowed: Iterable[dict]) -> tuple[dict, ...]:
     """Hosted tools asked for in a call: each must be one the connection lists in hosted_tools."""
     allowed = list(allowed)
@@ -266,117 +176,3 @@ def check_hosted(hosted: Iterable[dict], allowed: Iterable[dict]) -> tuple[dict,
             raise InvalidInput(f'hosted tool {_short(tool)} is not listed in this connection\'s hosted_tools; '
                                f'add it there to allow it')
     return tuple(hosted)
-
-
-def _depth(value: Any, level: int = 1) -> int:
-    if isinstance(value, dict):
-        return max([level] + [_depth(v, level + 1) for v in value.values()])
-    if isinstance(value, list):
-        return max([level] + [_depth(v, level + 1) for v in value])
-    return level - 1 if level > 1 else level
-
-
-def run(tool: Tool | None, name: str, arguments: Any, timeout: float | None = None) -> tuple[str, bool]:
-    """Run one call: ``(output, is_error)``; never raises for the tool's own failures.
-
-    With ``timeout`` (the connection's ``tool_timeout``) a function still running after that many
-    seconds is abandoned and answered with an error output, so a hung tool cannot hold its chat's
-    lock for as long as it hangs; see :func:`_call_within`.
-    """
-    if tool is None:
-        return f'error: there is no tool named "{name}"', True
-    errors = validation_errors(tool, arguments)
-    if errors:
-        return f'error: invalid arguments for {name}: {errors}', True
-    try:
-        result = tool.function(**arguments) if timeout is None else _call_within(tool.function, arguments, timeout)
-    except Exception as e:      # the tool's failure is the model's to read, not the caller's
-        return clean(f'error: {type(e).__name__}: {e}'), True
-    if result is ABANDONED:
-        logger.warning('tool %r did not return within tool_timeout (%g s); its output is an error and the '
-                       'function was left to finish on its own', name, timeout)
-        return (f'error: the tool did not return within {timeout:g} s (tool_timeout) and was abandoned; '
-                f'try again or do without it'), True
-    return _as_output(result), False
-
-
-ABANDONED = object()    # what _call_within returns for a function still running at its deadline
-
-
-def _call_within(function: Callable, arguments: dict, timeout: float) -> Any:
-    """``function(**arguments)`` in a thread of its own, waited for at most ``timeout`` seconds
-    (:data:`ABANDONED` when it did not return by then).
-
-    A Python thread cannot be stopped, so one that overruns is left running (a daemon) and its
-    result is dropped. Under gevent the thread is a greenlet, which the wait can only leave when
-    the tool yields (any patched I/O or sleep does); a tool that spins the CPU without yielding
-    holds the whole process, deadline or not. The caller's context variables go with the call.
-    """
-    outcome: list = []
-
-    def target() -> None:
-        try:
-            outcome.append((True, function(**arguments)))
-        except BaseException as e:      # noqa: B036 - handed to the caller's thread, which decides
-            outcome.append((False, e))
-
-    context = contextvars.copy_context()
-    worker = threading.Thread(target=context.run, args=(target,), name='llmconn-tool', daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if not outcome:
-        return ABANDONED
-    done, value = outcome[0]
-    if done:
-        return value
-    raise value
-
-
-def validation_errors(tool: Tool, arguments: Any) -> str:
-    """'' when ``arguments`` validate against the tool's schema, else what is wrong."""
-    if not isinstance(arguments, dict):
-        return f'arguments must be a JSON object, got {_short(arguments)}'
-    derived = _derived_validators.get(id(tool))
-    if derived is not None and derived[0] is tool:
-        validator = derived[1]
-    else:
-        validator = _validator(json.dumps(tool.parameters, sort_keys=True))
-    try:
-        problems = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
-    except referencing.exceptions.Unresolvable as e:
-        return f'the tool\'s schema refers to {_short(str(e.ref) if hasattr(e, "ref") else str(e))}, which is not in it'
-    return '; '.join(f'{"/".join(map(str, e.path)) or "(root)"}: {e.message}' for e in problems[:5])
-
-
-def _refuse_retrieval(uri: str):
-    raise referencing.exceptions.NoSuchResource(ref=uri)
-
-
-# What a validator may resolve beyond its own schema: the JSON Schema meta-schemas (jsonschema adds
-# them), nothing fetched. Its default registry would GET any unknown $ref's URL.
-LOCAL_ONLY = referencing.Registry(retrieve=_refuse_retrieval)
-
-
-@functools.lru_cache(maxsize=1024)
-def _validator(text: str) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(json.loads(text), registry=LOCAL_ONLY)
-
-
-def _as_output(result: Any) -> str:
-    if isinstance(result, str):
-        text = result
-    elif isinstance(result, pydantic.BaseModel):
-        text = result.model_dump_json()
-    else:
-        try:
-            text = json.dumps(result, ensure_ascii=False, default=str)
-        except (TypeError, ValueError):
-            text = str(result)
-    # A tool is not the caller: a lone surrogate in what it returns is cleaned, not refused, so it
-    # never reaches Redis or a client. Cleaned first, so the cut cannot split a pair.
-    return clean(text)[:MAX_OUTPUT_CHARS]
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + '...'
