@@ -9,10 +9,10 @@ chat. It carries the window read under the lock and ends in one of two ways:
 The lock is a Redis string holding the call's random token, with an expiry
 of ``lock_ttl``; a waiter that queues appends ``+`` to it (:data:`QUEUED`), so
 that a save looks at the queue only when somebody queued while the lock was
-held (a lock handed over from the queue starts marked). While held it is renewed (RENEW, below) by one
-:class:`~llmconn.store.renewer.LockRenewer` per store, so a provider call
-may run far longer than ``lock_ttl``; only a holder that stops renewing
-loses it. Every script that writes, releases or
+held (a lock handed over from the queue starts marked). While held it is
+renewed (RENEW, below) by one :class:`~llmconn.store.renewer.LockRenewer` per
+store, so a provider call may run far longer than ``lock_ttl``; only a holder
+that stops renewing loses it. Every script that writes, releases or
 extends checks the token first (fencing).
 
 Waiting in line, first come first served, without polling::
