@@ -24,6 +24,7 @@ the hot path's connections are never tied up by waiters.
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from typing import Any, Callable, Protocol
 
@@ -39,6 +40,12 @@ _select = get_original('select', 'select')
 
 # A blocked waiter's socket outlasts its longest BLPOP by this much.
 BLOCKING_SOCKET_MARGIN = 5.0
+
+# A pooled connection idle longer than this (s) is looked at before it is sent on (a
+# zero-timeout select); one back on the free list for less is a busy store's, sent on at once.
+IDLE_CHECK_AFTER = 1.0
+
+_monotonic = time.monotonic
 
 
 class Runner(Protocol):
@@ -108,9 +115,13 @@ class PooledRunner(RedisRunner):
     scripts' own packing. What that checkout checked is kept here: a
     connection goes back on the list only in step (its whole reply read);
     a broken one is handed back to the pool, and so is one the server closed
-    while it sat on the list (a zero-timeout select, about 1 µs, where
-    redis-py's ``can_read`` costs 5): whatever is not the fast path is the
-    pool's own checkout (for Sentinel, its master lookup). A forked child
+    while it sat on the list for more than ``IDLE_CHECK_AFTER`` (a
+    zero-timeout select, where redis-py's ``can_read`` costs five times
+    more): whatever is not the fast path is the pool's own checkout (for
+    Sentinel, its master lookup). A connection back on the list for less is
+    sent on without that system call; if the server closed it meanwhile (a
+    restart), the send fails with nothing run, every connection on the list
+    (as old as it) is handed back, and the one retry goes out on a fresh one. A forked child
     starts with an empty list (the pool starts over there too), emptied by a
     fork hook rather than a ``getpid()`` per script. ``make bench`` measures
     the runner side by side with :class:`RedisRunner`.
@@ -119,7 +130,7 @@ class PooledRunner(RedisRunner):
     def __init__(self, make: Callable[[float | None], Any], sources: dict[str, str],
                  socket_timeout: float) -> None:
         super().__init__(make, sources, socket_timeout)
-        self._free: list = []           # connections held out of the pool, in step, ready to send
+        self._free: list = []           # (connection, when it came back): held out of the pool, in step
         _pooled.add(self)
 
     def script(self, name: str, keys: tuple, args: tuple) -> Any:
@@ -152,29 +163,35 @@ class PooledRunner(RedisRunner):
                 else:
                     conn.send_packed_command(packed(conn, evalsha, ('WAIT', *wait)))
                     result = _two_replies(conn)
-            except (RedisConnectionError, RedisTimeoutError):
+            except (RedisConnectionError, RedisTimeoutError) as exc:
                 self._discard(conn)
                 if attempt == 2:
                     raise
+                if isinstance(exc, RedisConnectionError):       # the others went stale with it
+                    free, self._free = self._free, []
+                    for other in free:
+                        self._discard(other[0])
                 continue
             except ResponseError:
-                self._free.append(conn)     # a clean error reply: the connection is in step
+                self._free.append((conn, _monotonic()))     # a clean error reply: the connection is in step
                 raise
             except BaseException:
                 self._discard(conn)         # a greenlet killed mid-read: never reuse half a reply
                 raise
-            self._free.append(conn)
+            self._free.append((conn, _monotonic()))
             return result
         raise AssertionError('unreachable')
 
     def _checkout(self) -> Any:
         free = self._free
         while free:
-            conn = free.pop()
+            conn, since = free.pop()
+            if _monotonic() - since < IDLE_CHECK_AFTER:
+                return conn
             sock = conn._sock
             try:
                 # Readable while idle: the server closed it (a restart, a Sentinel failover's role
-                # change) or sent what nobody asked for.
+                # change, an idle timeout) or sent what nobody asked for.
                 stale = sock is None or bool(_select([sock], [], [], 0)[0])
             except (OSError, ValueError):
                 stale = True
