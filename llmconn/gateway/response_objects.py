@@ -90,13 +90,10 @@ def _stored_usage(usage: dict | None) -> dict | None:
 
 def from_record(rec: dict) -> dict:
     """The Response a stored record describes (GET /v1/responses/{id})."""
-    usage = rec.get('usage')
-    return _resource(id=rec['id'], created_at=rec['created_at'],
-                     completed_at=int(rec['completed_at']) if rec['status'] == 'completed' and rec.get('completed_at')
-                     else None,
-                     status=rec['status'], model=rec['model'], output=rec.get('output') or [],
+    completed = rec['status'] == 'completed' and rec.get('completed_at')
+    return _resource(id=rec['id'], created_at=rec['created_at'], completed_at=int(rec['completed_at']) if completed
+                     else None, status=rec['status'], model=rec['model'], output=rec.get('output') or [],
                      instructions=rec.get('instructions'), metadata=rec.get('metadata') or {},
-                     previous_response_id=rec.get('previous_response_id'),
-                     usage=_stored_usage(usage),
-                     error=rec.get('error'), incomplete_details=rec.get('incomplete_details'), tools=rec.get('tools') or [],
-                     store=True, settings=rec.get('settings') or {})
+                     previous_response_id=rec.get('previous_response_id'), usage=_stored_usage(rec.get('usage')),
+                     error=rec.get('error'), incomplete_details=rec.get('incomplete_details'),
+                     tools=rec.get('tools') or [], store=True, settings=rec.get('settings') or {})
