@@ -142,10 +142,28 @@ def test_responses_with_limits_cost_no_round_trip_more_than_without(gateway, mon
         free = trips.count(lambda: calls('free', **kw))
         assert free == 2 * N, kw                   # the record in_progress, then its ending
         assert trips.count(lambda: calls('limited', **kw)) == free, kw
-    # Admitted in the in_progress write, settled in the ending's: nothing is left waiting.
-    assert not lim._pending
+    # Admitted in the in_progress write, which carried the spend of the call before: only the last waits.
     window, spend = counters(redis_server, 'key-limited')
     assert int(window['r']) == 2 + 3 * N and int(window['t']) > 0 and int(spend['s']) > 0
+    _, tokens, cost = lim._pending['key-limited']
+    assert trips.count(lim.flush) == 1
+    assert int(counters(redis_server, 'key-limited')[0]['t']) == int(window['t']) + tokens
+
+
+def test_a_response_that_reaches_the_budget_writes_its_spend_with_its_ending(gateway, monkeypatch, redis_server):
+    trips = Trips(monkeypatch)
+    lim = _park_limits_flusher(gateway)
+    respond(gateway, 'daily')
+    lim.flush()
+    client = redis.Redis.from_url(redis_server.url)
+    client.hset(limit_key('key-daily'), 's', 1000 * 1_000_000 - 1)      # a micro-USD short of the budget
+    # The flush thread, woken at once near a limit, would race the ending for it (under gevent it runs
+    # only once the request waits for Redis, by when the ending has taken it): parked here.
+    monkeypatch.setattr(lim, '_wake_flusher', lambda urgent: None)
+    assert trips.count(lambda: respond(gateway, 'daily')) == 2           # no round trip of its own
+    assert not lim._pending                                              # its ending carried it
+    status, _, body = respond(gateway, 'daily')
+    assert status == 429 and json.loads(body)['error']['code'] == 'insufficient_quota'
 
 
 def test_a_responses_refusal_leaves_no_record(gateway, redis_server):
@@ -287,6 +305,7 @@ def test_a_call_that_failed_over_costs_its_budget_at_the_fallbacks_pricing(redis
         _, tokens, cost = lim._pending['key-over']
         assert tokens == usage['prompt_tokens'] + usage['completion_tokens']
         assert cost == usage['prompt_tokens'] * 2000 + usage['completion_tokens'] * 8000
+        assert lim.flush()
     finally:
         registry.close()
 

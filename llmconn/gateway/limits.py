@@ -13,8 +13,9 @@ How a request is counted, across every gateway process sharing the Redis:
 * What the call spent (input + output tokens to the minute, its cost in
   micro-USD at the connection's ``pricing`` to the period) is not a round
   trip of its own. The process keeps it and the next script of the same
-  key adds it first (settle, then admit); the Responses route's final
-  record carries it (same send); anything left is written by a
+  key adds it first (settle, then admit); a Response's final record
+  carries it (same send) when it brings the key to its tpm or budget;
+  anything left is written by a
   background flush within :data:`SETTLE_INTERVAL`, at once when it brings
   the key to its tpm or budget as this process last saw them, and at exit.
   tpm and the budget are therefore counted after the call: a request is
@@ -290,13 +291,14 @@ def limiter(registry_store: Any, client: Any = None) -> Limiter:
 class Admission:
     """A request of a limited key, admitted (``grant``) or not yet; what its call spends is counted here."""
 
-    __slots__ = ('limiter', 'plan', 'grant', 'counted')
+    __slots__ = ('limiter', 'plan', 'grant', 'counted', 'urgent')
 
     def __init__(self, lim: Limiter, plan: Plan) -> None:
         self.limiter = lim
         self.plan = plan
         self.grant: Grant | None = None
         self.counted = False
+        self.urgent = False         # its spend brought the key to its tpm or budget, as last seen
 
     def admit(self) -> Grant:
         """Admit the request in a round trip of its own, unless a rider admitted it already."""
@@ -324,6 +326,7 @@ class Admission:
                       (plan.budget and grant.spent + cost >= plan.budget))
         grant.tokens += tokens
         grant.spent += cost
+        self.urgent = urgent
         self.limiter.add(self.plan, tokens, cost, urgent)
 
     # -- riding another round trip (:meth:`llmconn.store.records.RecordStore.save`) -----------
@@ -338,8 +341,12 @@ class Admission:
         return Rider(self, ADMIT_ONE)
 
     def settle_rider(self) -> 'Rider | None':
-        """The key's kept spend, written in the pipeline of another write (on a cluster: left for later)."""
-        return None if self.limiter.redis.cluster else Rider(self, SETTLE_ONLY)
+        """The key's kept spend, written with another write, when this call brought the key to a limit.
+
+        Otherwise (and on a cluster) it waits for the key's next admission, which the next request
+        makes anyway, or the flush: a second command on every ending cost more CPU than it saves.
+        """
+        return Rider(self, SETTLE_ONLY) if self.urgent and not self.limiter.redis.cluster else None
 
 
 class Rider:
