@@ -24,8 +24,9 @@ way; every round runs one block of each way, in an order shuffled anew each
 round, so drift on a shared machine hits every way alike. A block's figure is
 the CPU time (utime + stime, /proc/PID/stat) the answering server process used
 during it, divided by its requests; a way's figure is the median of its
-rounds. The fake's CPU and the client's are not counted. Targets (plain):
-chat ≤ 1.5 × floor-chat, responses ≤ 2 × floor-responses.
+rounds, and a ratio the median of the rounds' ratios. The fake's CPU and the
+client's are not counted. Targets (plain): chat ≤ 1.5 × floor-chat,
+responses ≤ 2 × floor-responses.
 
     .venv/bin/python bench/bench_floor.py [--quick] [--rounds R] [--requests N] [--clients C] [--ways W,...]
                                           [--baseline DIR ...]
@@ -255,6 +256,17 @@ def idle_rate(pid: int, seconds: float = 2.0) -> float:
     return (cpu_seconds(pid) - before) / seconds
 
 
+def round_ratio(samples: dict, way: str, other: str) -> float:
+    """``way``'s CPU per request over ``other``'s: the median of the rounds' ratios.
+
+    The two ran in the same round, seconds apart, so a round's ratio
+    is about the code, while the machine's load (other processes make every
+    process's CPU per request grow, by half on a busy machine) moves both.
+    """
+    ratios = [a / b for a, b in zip(samples[way], samples[other]) if b]
+    return statistics.median(ratios) if ratios else float('inf')
+
+
 def print_table(samples: dict, walls: dict, args: argparse.Namespace, idle: dict) -> dict:
     """The median CPU ms per request of each way, its spread, and the ratios against the targets."""
     median = {name: statistics.median(values) * 1000 for name, values in samples.items()}
@@ -268,19 +280,19 @@ def print_table(samples: dict, walls: dict, args: argparse.Namespace, idle: dict
           + ', '.join(f'{server} {rate * 1000:.2f}' for server, rate in idle.items()))
     for way, (floor, target) in TARGETS.items():
         for suffix in ('', '+sse'):
-            if way + suffix not in median or floor + suffix not in median:
+            if way + suffix not in samples or floor + suffix not in samples:
                 continue
-            ratio = median[way + suffix] / median[floor + suffix] if median[floor + suffix] else float('inf')
+            ratio = round_ratio(samples, way + suffix, floor + suffix)
             verdict = ('yes' if ratio <= target else 'NO') if not suffix else 'reported'
             print(f'{way + suffix:>16} / {floor + suffix:<20} {ratio:5.2f}  target ≤ {target:g}: {verdict}')
     for suffix in ('', '+sse'):
         claude, floor = 'responses-claude' + suffix, 'floor-responses' + suffix
-        if claude in median and median.get(floor):
-            print(f'{claude:>16} / {floor:<20} {median[claude] / median[floor]:5.2f}  (information)')
-    for name in median:
+        if claude in samples and floor in samples:
+            print(f'{claude:>16} / {floor:<20} {round_ratio(samples, claude, floor):5.2f}  (information)')
+    for name in samples:
         way, _, base = name.partition('@')
-        if base and median.get(way) and median[name]:
-            print(f'{way:>16} this checkout / {base}: {median[way] / median[name]:5.2f}')
+        if base and way in samples:
+            print(f'{way:>16} this checkout / {base}: {round_ratio(samples, way, name):5.2f}')
     return median
 
 
