@@ -15,10 +15,12 @@ and saves a chat, with the same failure semantics::
     cancelled(usage)      the caller stopped reading before ``done`` (a client that left): the usage
                           of the rounds answered so far, else estimated from the text streamed
 
-At most one of ``ended``, ``failed`` and ``cancelled`` follows ``started``,
-and only after the provider's stream has been closed; nothing follows an
-``ended`` (a caller that stops reading after ``done`` has its answer). A
-``started`` that raises ends the call before anything was sent.
+At most one of ``ended``, ``failed`` and ``cancelled`` follows ``started``
+(``failed`` and ``cancelled`` once the provider's stream is closed and a
+chat's lock freed); nothing follows an ``ended``, since a caller that stops
+reading after ``done`` has its answer. A ``started`` that raises ends the
+call before anything was sent, and the call is not counted: the record sits
+outside the usage tally and the observer, as a failed check would.
 """
 
 from __future__ import annotations
