@@ -81,6 +81,10 @@ def test_a_streamed_response_fails_over_before_its_first_event(gw, fake):
     assert events[0]['response']['metadata'] == {'llmconn_served_by': 'Chat'}
     assert events[-1]['type'] == 'response.completed'
     assert events[-1]['response']['metadata'] == {'llmconn_served_by': 'Chat'}
+    # Recorded by the pipeline before response.completed went out, as answered by the fallback.
+    record = gw.record('a', events[0]['response']['id'])
+    assert record['status'] == 'completed' and record['provider_kind'] == 'openai'
+    assert record['metadata'] == {'llmconn_served_by': 'Chat'}
 
 
 def test_a_chat_completion_fails_over_plain_and_streamed(gw, fake):
