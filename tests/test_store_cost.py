@@ -12,10 +12,11 @@ import time
 import redis
 
 from llmconn.store import chat_keys, open_store
-from llmconn.store.lock import SAVED_TOKENS
+from llmconn.store.lock import SAVED_TOKENS, SaveCounters
 from llmconn.types import Turn
 
 CALLS = 16
+OUTSIDE = {'evalsha', 'config|resetstat', 'info'}     # the scripts themselves, and this test's own commands
 
 
 def commands(client: redis.Redis) -> dict[str, int]:
@@ -23,10 +24,11 @@ def commands(client: redis.Redis) -> dict[str, int]:
     return {name.removeprefix('cmdstat_'): stats['calls'] for name, stats in client.info('commandstats').items()}
 
 
-def chat_calls(store, chat: str, count: int, max_turns: int = 1000) -> None:
+def chat_calls(store, chat: str, count: int, max_turns: int = 1000, counters: SaveCounters | None = None) -> None:
     for i in range(count):
         with store.begin('cost', chat, window=4, lock_ttl=5.0, lock_wait=1.0) as lock:
-            lock.save(Turn(user=f'q{i}', assistant='a', ts=time.time()), expiry=60, max_turns=max_turns)
+            lock.save(Turn(user=f'q{i}', assistant='a', ts=time.time()), expiry=60, max_turns=max_turns,
+                      counters=counters)
 
 
 def test_free_chat_takes_lock_and_window_in_set_lpop_lrange(redis_server):
@@ -50,6 +52,25 @@ def test_free_chat_takes_lock_and_window_in_set_lpop_lrange(redis_server):
     assert counted['pexpire'] == 2 * CALLS
     # The saved tokens are trimmed only once they exceed SAVED_TOKENS by 16.
     assert 'ltrim' not in counted
+    # The floor, whole: ACQUIRE's SET, LPOP, LRANGE; FINISH's GET, RPUSH, PEXPIRE, LPUSH, PEXPIRE, DEL.
+    assert sum(n for name, n in counted.items() if name not in OUTSIDE) == 9 * CALLS, counted
+
+
+def test_a_save_counts_its_usage_with_one_hincrby_per_counter(redis_server):
+    client, store = redis.Redis.from_url(redis_server.url), open_store(redis_server.url)
+    counters = SaveCounters(chat_keys('cost', 'u').beside('usage'), {'m:calls': 1, 'm:input_tokens': 12,
+                                                                     'm:output_tokens': 3}, 3600)
+    try:
+        chat_calls(store, 'u', 1, counters=counters)
+        client.config_resetstat()
+        chat_calls(store, 'u', CALLS, counters=counters)
+        counted = commands(client)
+    finally:
+        store.close()
+        client.close()
+    assert counted['hincrby'] == 3 * CALLS
+    assert 'expire' not in counted              # set once, when the hash was new
+    assert sum(n for name, n in counted.items() if name not in OUTSIDE) == 12 * CALLS, counted
 
 
 def test_a_chat_at_its_stored_turns_pops_the_oldest_in_the_save_with_one_command(redis_server):
