@@ -291,7 +291,7 @@ def limiter(registry_store: Any, client: Any = None) -> Limiter:
 class Admission:
     """A request of a limited key, admitted (``grant``) or not yet; what its call spends is counted here."""
 
-    __slots__ = ('limiter', 'plan', 'grant', 'counted', 'urgent', 'sent', 'carried')
+    __slots__ = ('limiter', 'plan', 'grant', 'counted', 'urgent')
 
     def __init__(self, lim: Limiter, plan: Plan) -> None:
         self.limiter = lim
@@ -299,58 +299,12 @@ class Admission:
         self.grant: Grant | None = None
         self.counted = False
         self.urgent = False         # its spend brought the key to its tpm or budget, as last seen
-        self.sent: Any = None       # the connection an admission sent without waiting is to be read on
-        self.carried = (0, 0)       # the kept spend that admission carries
-
-    def send(self) -> None:
-        """Start the admission now and read it when the call is about to start (:meth:`admit`).
-
-        The request prepares its call meanwhile, so the reply is there when it is read: the
-        round trip costs no wait (under gevent, no trip through the hub). Where the store cannot
-        (a cluster, Sentinel, the embedded store) it is admitted now, in a round trip of its own.
-        """
-        if self.grant is not None or self.sent is not None:
-            return
-        lim, plan = self.limiter, self.plan
-        tokens, cost = lim.take(plan)
-        try:
-            self.sent = lim.redis.send_admit(plan.keys, (plan.spec, tokens, cost, ADMIT_ONE))
-        except BaseException:
-            lim.give_back(plan, tokens, cost)
-            raise
-        if self.sent is None:
-            lim.give_back(plan, tokens, cost)
-            self.admit()            # a round trip of its own, now
-        else:
-            self.carried = (tokens, cost)
 
     def admit(self) -> Grant:
-        """The admission: the reply of the one :meth:`send` started, else a round trip of its own
-        (unless a rider admitted it already); 429 when refused, 503 when Redis failed."""
+        """Admit the request in a round trip of its own, unless a rider admitted it already."""
         if self.grant is None:
-            lim, plan = self.limiter, self.plan
-            conn, self.sent = self.sent, None
-            if conn is None:
-                self.grant = lim.admit(plan)
-                return self.grant
-            try:
-                reply = lim.redis.read_admit(conn)
-            except BaseException:
-                lim.give_back(plan, *self.carried)
-                raise
-            if reply is None:               # the server lacked the script: nothing ran
-                lim.give_back(plan, *self.carried)
-                self.grant = lim.admit(plan)
-            else:
-                self.grant = verdict(plan, reply)
+            self.grant = self.limiter.admit(self.plan)
         return self.grant
-
-    def abandon(self) -> None:
-        """The request ended without reading its admission (its greenlet was killed): drop the connection."""
-        conn, self.sent = self.sent, None
-        if conn is not None:
-            self.limiter.redis.drop(conn)
-            self.limiter.give_back(self.plan, *self.carried)
 
     def headers(self) -> list[tuple[str, str]]:
         return self.admit().headers()
@@ -470,8 +424,6 @@ def settled(conn: Any, events: Iterator) -> Iterator:
 
 def _settling(adm: Admission, conn: Any, events: Iterator) -> Iterator:
     try:
-        if adm.sent is not None:
-            adm.admit()     # before the provider is reached: the reply of the admission sent
         for event in events:
             if event.type == 'done':        # counted before the route saves its record, which carries it
                 # A fallback that answered is priced as itself.

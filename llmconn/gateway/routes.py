@@ -137,7 +137,7 @@ def admitted(gw: Gateway, key: Any, route: str, body: Any, create: Callable[[], 
     if adm is None:
         return create(), []
     if route != 'responses':
-        adm.send()          # read before the call starts; a Response's rides the write that records it started
+        adm.admit()         # its own round trip; a Response's rides the write that records it started
     try:
         with limits.granted(adm):
             result = create()
@@ -146,9 +146,6 @@ def admitted(gw: Gateway, key: Any, route: str, body: Any, create: Callable[[], 
     except Exception as e:
         # Refused before it was admitted (a 404 model): admitted now, so it counts, or is 429, as if first.
         e.rate_headers = adm.headers()
-        raise
-    except BaseException:
-        adm.abandon()       # a request stopped outright (its greenlet killed) never reads its admission
         raise
     return result, adm.headers()
 

@@ -23,13 +23,9 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any
 
-import redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import NoScriptError
 
 from llmconn.store.keys import KEY_PREFIX
-from llmconn.store.runner import packed
 
 if TYPE_CHECKING:
     from llmconn.store.history import ChatStore
@@ -133,7 +129,6 @@ return {requests, tokens, spent, period}
 
 SETTLE_ONLY = '0'
 ADMIT_ONE = '1'
-_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool)
 
 
 def limit_key(key_id: str) -> str:
@@ -195,55 +190,6 @@ class LimitStore:
     def missing_script(result: Any) -> bool:
         """A pipelined run's answer that says the server lacked the script."""
         return isinstance(result, NoScriptError)
-
-    def send_admit(self, keys: tuple[str], args: tuple) -> Any:
-        """Send :data:`ADMIT` without waiting for its reply: the connection to read it on (:meth:`read_admit`).
-
-        None when this client is not one of redis-py's own pools (the embedded store, a cluster, a
-        Sentinel): then the caller runs :meth:`admit`. The reply is read later, once the request did
-        its own work meanwhile, so the read rarely waits.
-        """
-        pool = getattr(self.client, 'connection_pool', None)
-        if type(pool) not in _POOLS or not pool.connection_class.__module__.startswith('redis.'):
-            return None
-        with self._store.boundary():
-            for attempt in (1, 2):
-                conn = pool.get_connection()
-                try:
-                    conn.send_packed_command(packed(conn, ('EVALSHA', ADMIT_SCRIPT.sha, len(keys), *keys, *args)))
-                except (RedisConnectionError, RedisTimeoutError):
-                    self.drop(conn)
-                    if attempt == 2:
-                        raise
-                    continue
-                except BaseException:
-                    self.drop(conn)
-                    raise
-                return conn
-        raise AssertionError('unreachable')
-
-    def read_admit(self, conn: Any) -> Any:
-        """The reply :meth:`send_admit` sent for; None when the server lacked the script (nothing ran)."""
-        pool = self.client.connection_pool
-        with self._store.boundary():
-            try:
-                reply = conn.read_response()
-            except NoScriptError:
-                pool.release(conn)
-                return None
-            except ResponseError:
-                pool.release(conn)          # an error reply: the connection is in step
-                raise
-            except BaseException:
-                self.drop(conn)             # never reuse half a reply
-                raise
-        pool.release(conn)
-        return reply
-
-    def drop(self, conn: Any) -> None:
-        """A connection whose reply will not be read: closed, and handed back to its pool."""
-        conn.disconnect()
-        self.client.connection_pool.release(conn)
 
     def load(self) -> None:
         """Load the script (a pipeline that ran it found the server without it)."""
