@@ -343,3 +343,17 @@ def test_limits_hold_on_a_redis_cluster_on_both_routes(cluster, provider):
         client.close()
     finally:
         registry.close()
+
+
+@pytest.mark.parametrize('stream', [False, True])
+def test_a_chat_refused_by_its_rpm_never_reaches_the_provider(gateway, redis_server, provider, stream):
+    chat(gateway, 'limited')
+    client = redis.Redis.from_url(redis_server.url)
+    client.hset(limit_key('key-limited'), mapping={'m': client.time()[0] // 60, 'r': 1000})
+    before = len(provider.requests)
+    status, headers, body = chat(gateway, 'limited', stream=stream)
+    if status == 200:           # the minute ended just now: a new one admits again
+        return
+    assert status == 429 and json.loads(body)['error']['code'] == 'rate_limit_exceeded'
+    assert headers['x-ratelimit-remaining-requests'] == '0'
+    assert len(provider.requests) == before
