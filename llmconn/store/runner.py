@@ -120,8 +120,11 @@ class PooledRunner(RedisRunner):
     more): whatever is not the fast path is the pool's own checkout (for
     Sentinel, its master lookup). A connection back on the list for less is
     sent on without that system call; if the server closed it meanwhile (a
-    restart), the send fails with nothing run, every connection on the list
-    (as old as it) is handed back, and the one retry goes out on a fresh one. A forked child
+    restart), the send fails with nothing run, every connection that came
+    back before that failure (as old as it) is handed back when it is next
+    popped, and the one retry goes out on a fresh one. Each connection is one
+    thread's at a time: it is popped from the list (atomic, no lock) or lent
+    by the pool, and no other thread disconnects it. A forked child
     starts with an empty list (the pool starts over there too), emptied by a
     fork hook rather than a ``getpid()`` per script. ``make bench`` measures
     the runner side by side with :class:`RedisRunner`.
@@ -131,6 +134,7 @@ class PooledRunner(RedisRunner):
                  socket_timeout: float) -> None:
         super().__init__(make, sources, socket_timeout)
         self._free: list = []           # (connection, when it came back): held out of the pool, in step
+        self._stale_before = 0.0        # one back on the list before this (a connection error) is handed back
         _pooled.add(self)
 
     def script(self, name: str, keys: tuple, args: tuple) -> Any:
@@ -167,10 +171,10 @@ class PooledRunner(RedisRunner):
                 self._discard(conn)
                 if attempt == 2:
                     raise
-                if isinstance(exc, RedisConnectionError):       # the others went stale with it
-                    free, self._free = self._free, []
-                    for other in free:
-                        self._discard(other[0])
+                if isinstance(exc, RedisConnectionError):
+                    # The others went stale with it. Each is handed back by the thread that pops it:
+                    # other threads may be popping from the list now, so it is not emptied here.
+                    self._stale_before = _monotonic()
                 continue
             except ResponseError:
                 self._free.append((conn, _monotonic()))     # a clean error reply: the connection is in step
@@ -184,21 +188,24 @@ class PooledRunner(RedisRunner):
 
     def _checkout(self) -> Any:
         free = self._free
-        while free:
-            conn, since = free.pop()
-            if _monotonic() - since < IDLE_CHECK_AFTER:
-                return conn
-            sock = conn._sock
+        while True:
             try:
-                # Readable while idle: the server closed it (a restart, a Sentinel failover's role
-                # change, an idle timeout) or sent what nobody asked for.
-                stale = sock is None or bool(_select([sock], [], [], 0)[0])
-            except (OSError, ValueError):
-                stale = True
-            if not stale:
-                return conn
+                conn, since = free.pop()        # atomic: two threads never get the same connection
+            except IndexError:
+                return self.client.connection_pool.get_connection()
+            if since > self._stale_before:
+                if _monotonic() - since < IDLE_CHECK_AFTER:
+                    return conn
+                sock = conn._sock
+                try:
+                    # Readable while idle: the server closed it (a restart, a Sentinel failover's role
+                    # change, an idle timeout) or sent what nobody asked for.
+                    stale = sock is None or bool(_select([sock], [], [], 0)[0])
+                except (OSError, ValueError):
+                    stale = True
+                if not stale:
+                    return conn
             self._discard(conn)
-        return self.client.connection_pool.get_connection()
 
     def _discard(self, conn: Any) -> None:
         """Hand a broken connection back to the pool, which reconnects it (for Sentinel: to the master
