@@ -1,6 +1,6 @@
-"""One PooledRunner shared by OS threads while Redis drops their connections: a connection is used
-by one thread at a time, and a call either gets its own reply or a redis connection error, never
-another call's reply or a crash inside redis-py."""
+"""One PooledRunner shared by OS threads while Redis drops their connections, or the store closes
+under them: a connection is used by one thread at a time, and a call either gets its own reply or a
+redis connection error, never another call's reply or a crash inside redis-py."""
 
 from __future__ import annotations
 
@@ -181,6 +181,19 @@ def test_threads_share_a_runner_while_redis_kills_their_connections(runner, redi
     killer.close()
     assert wrong == [] and OwnedConnection.clashes == []
     assert sum(killed) > 10 and answered > 100, (sum(killed), answered, failed)
+
+
+def test_threads_share_a_runner_while_it_is_closed_under_them(runner):
+    def close_again_and_again(stop):
+        deadline = time.monotonic() + SECONDS
+        while time.monotonic() < deadline:
+            runner.close()
+            time.sleep(0.005)
+
+    answered, failed, wrong = hammer(runner, close_again_and_again)
+    # A call in flight when the runner closes reads its reply whole: nothing failed.
+    assert wrong == [] and OwnedConnection.clashes == [] and failed == 0
+    assert answered > 100
 
 
 def test_a_failed_send_leaves_alone_a_connection_another_thread_is_popping(runner, redis_server):

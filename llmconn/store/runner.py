@@ -124,7 +124,8 @@ class PooledRunner(RedisRunner):
     back before that failure (as old as it) is handed back when it is next
     popped, and the one retry goes out on a fresh one. Each connection is one
     thread's at a time: it is popped from the list (atomic, no lock) or lent
-    by the pool, and no other thread disconnects it. A forked child
+    by the pool, and no other thread disconnects it - ``close`` drops only
+    those that nobody is using. A forked child
     starts with an empty list (the pool starts over there too), emptied by a
     fork hook rather than a ``getpid()`` per script. ``make bench`` measures
     the runner side by side with :class:`RedisRunner`.
@@ -214,8 +215,29 @@ class PooledRunner(RedisRunner):
         self.client.connection_pool.release(conn)
 
     def close(self) -> None:
-        self._free = []
-        super().close()             # the pool disconnects the ones it lent too
+        # Only what no thread is using is disconnected: a call in flight reads its reply whole (a
+        # socket closed under its read would fail it inside redis-py), then its connection comes back
+        # to a closed list, which hands it back to the pool disconnected.
+        free, self._free = self._free, _ClosedList(self)
+        while True:
+            try:
+                conn, _ = free.pop()
+            except IndexError:
+                break
+            self._discard(conn)
+        self.client.connection_pool.disconnect(inuse_connections=False)
+        self._blocking.connection_pool.disconnect()
+
+
+class _ClosedList(list):
+    """A closed runner's free list: whatever comes back to it is handed back to the pool, disconnected."""
+
+    def __init__(self, runner: PooledRunner) -> None:
+        super().__init__()
+        self._runner = runner
+
+    def append(self, item: tuple) -> None:
+        self._runner._discard(item[0])
 
 
 # An argument at least this long is packed without the copy that formatting it would make.
