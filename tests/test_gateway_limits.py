@@ -25,7 +25,9 @@ from openai import OpenAI
 from conftest import RedisServer, free_port
 from llmconn.config import load_file
 from llmconn.demo import start_server, stop
-from llmconn.errors import ConfigError
+from llmconn.errors import ConfigError, LimitExceeded
+from llmconn.gateway import limits
+from llmconn.gateway_config import GatewayKey
 from llmconn.testing.fake_server import FakeProviderServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +44,7 @@ KEYS = {
     'free': ('sk-gw-limits-free-secret', '{}'),
     'spree': ('sk-gw-limits-spree-secret', '{budget_usd: 0.1, budget_period: day}'),
     'paused': ('sk-gw-limits-paused-secret', '{rpm: 100000}'),
+    'daily': ('sk-gw-limits-daily-secret', '{budget_usd: 0.1}'),
 }
 
 
@@ -186,6 +189,23 @@ def test_spent_budget_is_insufficient_quota_on_either_process(stack):
         e = refused.value
         assert e.code == 'insufficient_quota' and 'budget' in e.message
         assert int(e.response.headers['Retry-After']) > 0
+
+
+@pytest.mark.parametrize('period, word', [('day', 'daily'), ('month', 'monthly')])
+def test_a_budget_refusal_names_its_period_and_a_sub_cent_spend(period, word):
+    key = GatewayKey(id='k', secret='sk-unit-budget-secret', tenant='t', models=['*'],
+                     limits={'budget_usd': 0.001, 'budget_period': period})
+    with pytest.raises(LimitExceeded) as refused:      # 1,900 micro-USD spent of a 1,000 budget
+        limits.verdict(limits.Plan(key), b'3 19 266 1900 30000 72000 0')
+    assert f"spent its {word} budget of $0.001 ($0.0019);" in str(refused.value), str(refused.value)
+
+
+def test_a_daily_budgets_refusal_says_daily(stack):
+    client = stack.client('daily', 0)
+    with pytest.raises(openai.RateLimitError) as refused:
+        for _ in range(100):
+            client.chat.completions.create(model='Chat', messages=[{'role': 'user', 'content': 'hi'}])
+    assert 'spent its daily budget of $0.1 ' in refused.value.message, refused.value.message
 
 
 def test_two_processes_overspend_a_budget_by_at_most_the_requests_in_flight(stack):

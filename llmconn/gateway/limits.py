@@ -53,6 +53,7 @@ logger = logging.getLogger('llmconn.gateway')
 
 MINUTE_TTL = 120                                    # a minute's counters outlive it, for the one after
 PERIOD_TTL = {'day': 2 * 86400, 'month': 32 * 86400}
+PERIOD_WORD = {'day': 'daily', 'month': 'monthly'}     # a refusal names its budget's period
 SETTLE_INTERVAL = 0.2                               # s: the longest a call's spend waits in its process
 _current: contextvars.ContextVar['Admission | None'] = contextvars.ContextVar('llmconn_limit_admission',
                                                                               default=None)
@@ -110,6 +111,11 @@ def rate_headers(plan: Plan, requests: int, tokens: int, reset: float) -> list[t
     return headers
 
 
+def _usd(micro: int) -> str:
+    """Dollars from micro-USD, in cents, or to the micro-dollar below a cent (a budget may be smaller)."""
+    return f'{micro / 1e6:.2f}' if micro >= 10_000 else f'{micro / 1e6:.6f}'.rstrip('0').rstrip('.')
+
+
 def verdict(plan: Plan, result: Any) -> Grant:
     """The grant of an ADMIT run, or the 429 it says (Retry-After from Redis's clock)."""
     code, requests, tokens, spent, reset_ms, period_left, _ = result.split()
@@ -120,8 +126,8 @@ def verdict(plan: Plan, result: Any) -> Grant:
     headers = rate_headers(plan, requests, tokens, reset)
     if code == b'3':
         raise LimitExceeded(f'You exceeded your current quota: gateway key {plan.key.id!r} spent its '
-                            f'{limits.budget_period}ly budget of ${limits.budget_usd:g} '
-                            f'(${spent / 1e6:.2f}); it renews at the start of the next {limits.budget_period} (UTC).',
+                            f'{PERIOD_WORD[limits.budget_period]} budget of ${limits.budget_usd:g} '
+                            f'(${_usd(spent)}); it renews at the start of the next {limits.budget_period} (UTC).',
                             'insufficient_quota', headers + [('Retry-After', str(max(1, int(period_left))))])
     what = (f'requests per minute (RPM): Limit {limits.rpm}, Used {requests}' if code == b'1' else
             f'tokens per minute (TPM): Limit {limits.tpm}, Used {tokens}')
