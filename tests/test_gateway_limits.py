@@ -6,6 +6,7 @@ the client is the ``openai`` SDK, which raises its own RateLimitError on a 429.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -20,7 +21,9 @@ from pathlib import Path
 
 import openai
 import pytest
+import requests as mod_requests
 from openai import OpenAI
+from websockets.sync.client import connect
 
 from conftest import RedisServer, free_port
 from llmconn.config import load_file
@@ -142,6 +145,30 @@ def test_a_refusal_after_admission_carries_the_headers_too(stack):
     headers = missing.value.response.headers
     assert headers['x-ratelimit-limit-requests'] == '100' and int(headers['x-ratelimit-remaining-requests']) < 100
     assert headers['x-ratelimit-limit-tokens'] == '1000000' and 'x-ratelimit-remaining-tokens' in headers
+
+
+@pytest.mark.parametrize('route, body', [
+    ('responses', b'{"model": "Chat", "input": "hi", "temperature": "hot"}'),     # a field of the wrong type
+    ('chat/completions', b'{"model": "Chat", "messages": [], "n": 3}'),
+    ('responses', b'{"model": "Chat", "input": '),                                 # not JSON
+    ('chat/completions', b'not json at all'),
+])
+def test_a_request_refused_by_its_shape_carries_the_headers_too(stack, route, body):
+    answer = mod_requests.post(f'http://127.0.0.1:{stack.ports[0]}/v1/{route}', data=body, timeout=20,
+                               headers={'Authorization': f'Bearer {KEYS["roomy"][0]}'})
+    assert answer.status_code == 400, answer.text
+    assert answer.headers.get('x-ratelimit-limit-requests') == '100', dict(answer.headers)
+    assert 'x-ratelimit-remaining-tokens' in answer.headers
+
+
+def test_a_websocket_request_refused_by_its_shape_has_the_headers_in_its_error(stack):
+    with connect(f'ws://127.0.0.1:{stack.ports[1]}/v1/responses', open_timeout=20,
+                 additional_headers={'Authorization': f'Bearer {KEYS["roomy"][0]}'}) as ws:
+        for message in ('{"type": "response.create", "model": "Chat", "input": "hi", "top_p": 7}', '{"type": '):
+            ws.send(message)
+            event = json.loads(ws.recv(timeout=20))
+            assert event['type'] == 'error' and event['status'] == 400, event
+            assert event['error']['headers']['x-ratelimit-limit-requests'] == '100', event
 
 
 def test_two_processes_share_one_rpm_under_a_burst(stack):

@@ -109,7 +109,11 @@ class Session:
         try:
             gw = routes.gateway_for(self.registry)          # a reload's new store and keys, as HTTP gets them
             key = find_key(gw.config, self.token)
-            body = create_body(message)
+            try:
+                body = create_body(message)
+            except GatewayError as e:
+                routes.count_refused(gw, key, e)
+                raise
             events, _ = routes.admitted(gw, key, 'responses', body,
                                         lambda: dispatch.stream(gw, responses.prepare(gw, key, body), _text))
         except Exception as e:

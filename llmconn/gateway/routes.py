@@ -97,7 +97,11 @@ def handle(registry: Any, environ: dict, method: str, path: str, cid: str) -> tu
 def _route(gw: Gateway, key: Any, environ: dict, method: str, route: str) -> tuple:
     if route in ('responses', 'chat/completions'):
         _allow(method, 'POST')
-        body = _read_json(environ)
+        try:
+            body = _read_json(environ)
+        except GatewayError as e:
+            count_refused(gw, key, e)
+            raise
         (status, headers, data), rate = admitted(gw, key, route, body, lambda: _create(gw, key, route, body))
         return status, headers + rate, data
     if route == 'responses/compact':
@@ -127,12 +131,16 @@ def _route(gw: Gateway, key: Any, environ: dict, method: str, route: str) -> tup
 
 
 def admitted(gw: Gateway, key: Any, route: str, body: Any, create: Callable[[], T]) -> tuple[T, list]:
-    """``create()`` for a create request of ``route`` whose fields passed, under the key's limits.
+    """``create()`` for a create request of ``route``, under the key's limits, once its fields passed.
 
     Returns what ``create`` returned and the key's rate headers. The one way in for a create, over
     HTTP and over a WebSocket (:mod:`llmconn.gateway.responses_ws`).
     """
-    shapes.check(RESPONSES if route == 'responses' else CHAT, body)
+    try:
+        shapes.check(RESPONSES if route == 'responses' else CHAT, body)
+    except Exception as e:
+        count_refused(gw, key, e)
+        raise
     adm = limits.admission(gw, key)
     if adm is None:
         return create(), []
@@ -148,6 +156,14 @@ def admitted(gw: Gateway, key: Any, route: str, body: Any, create: Callable[[], 
         e.rate_headers = adm.headers()
         raise
     return result, adm.headers()
+
+
+def count_refused(gw: Gateway, key: Any, e: Exception) -> None:
+    """A create refused before its admission (not JSON, a field of the wrong type): admitted now, so it
+    counts and ``e``'s answer carries the key's rate headers as every answer does (or it is the 429)."""
+    adm = limits.admission(gw, key)
+    if adm is not None:
+        e.rate_headers = adm.headers()
 
 
 def _create(gw: Gateway, key: Any, route: str, body: Any) -> tuple:
