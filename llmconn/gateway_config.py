@@ -65,6 +65,7 @@ class KeyLimits(_Frozen):
 
 
 _WHOLE = {'rpm': 'requests per minute', 'tpm': 'tokens per minute'}
+MIN_BUDGET_USD = 0.000001       # one micro-dollar, the unit the limits script counts spend in
 
 
 def _check_limits(key_id: str, value: object) -> object:
@@ -82,6 +83,9 @@ def _check_limits(key_id: str, value: object) -> object:
             what = f'a whole number of {_WHOLE[name]}' if whole else 'a number of US dollars'
             raise ValueError(f'gateway key {key_id!r}: limits.{name} must be {what} above 0, got {n!r}; '
                              f'leave it out for no limit')
+        if not whole and n < MIN_BUDGET_USD:        # it would round to a budget of 0: none at all
+            raise ValueError(f'gateway key {key_id!r}: limits.budget_usd must be at least {MIN_BUDGET_USD:f} '
+                             f'(spend is counted in micro-dollars), got {n!r}; leave it out for no limit')
     return value
 
 

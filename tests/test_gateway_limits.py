@@ -327,6 +327,7 @@ def test_redis_down_with_limits_is_503_never_unlimited():
 @pytest.mark.parametrize('limits, field', [
     ('{rpm: 0}', 'limits.rpm'), ('{tpm: -5}', 'limits.tpm'), ('{budget_usd: ten}', 'limits.budget_usd'),
     ('{rpm: 1.5}', 'limits.rpm'), ('{budget_usd: .nan}', 'limits.budget_usd'), ('{budget_usd: 0}', 'limits.budget_usd'),
+    ('{budget_usd: 0.0000004}', 'limits.budget_usd'),      # under the micro-dollar spend is counted in: no budget
 ])
 def test_bad_limits_are_a_config_error_naming_key_and_field(tmp_path, limits, field):
     path = tmp_path / 'llm.yaml'
