@@ -149,6 +149,7 @@ class WebSocketClosed(LLMConnError):
 class LimitExceeded(GatewayError):
     """A gateway key's rpm, tpm or budget refuses a request: 429, with ``Retry-After`` and its rate headers."""
 
-    def __init__(self, message: str, code: str, headers: list) -> None:
-        super().__init__(message, 429, type=code if code == 'insufficient_quota' else 'requests', code=code)
+    def __init__(self, message: str, code: str, headers: list, kind: str = 'requests') -> None:
+        # OpenAI's error type: insufficient_quota for a budget, else what ran out ('requests' or 'tokens').
+        super().__init__(message, 429, type=code if code == 'insufficient_quota' else kind, code=code)
         self.rate_headers = headers         # the routes add them to the answer

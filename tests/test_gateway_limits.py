@@ -128,7 +128,7 @@ def test_rpm_refuses_with_openai_429_and_headers(stack):
     assert [int(h['x-ratelimit-remaining-requests']) for h in seen[:2]] in ([1, 0], [0, 1], [1, 1])
     assert seen[0]['x-ratelimit-reset-requests'].endswith('s')
     e = refused.value
-    assert e.status_code == 429 and e.code == 'rate_limit_exceeded'
+    assert e.status_code == 429 and e.code == 'rate_limit_exceeded' and e.type == 'requests'
     assert 'requests per minute' in e.message and 'key-rpm' in e.message
     assert 1 <= int(e.response.headers['Retry-After']) <= 61
     assert e.response.headers['x-ratelimit-remaining-requests'] == '0'
@@ -202,6 +202,7 @@ def test_tpm_counts_a_streamed_answers_tokens(stack):
             raw = _chat(client)
         except openai.RateLimitError as e:
             assert e.code == 'rate_limit_exceeded' and 'tokens per minute' in e.message
+            assert e.type == 'tokens'       # as OpenAI types a TPM refusal ('requests' is RPM's)
             break
         assert time.time() < deadline, 'tpm never refused'
         assert int(raw.headers['x-ratelimit-remaining-tokens']) == 1

@@ -133,7 +133,7 @@ def verdict(plan: Plan, result: Any) -> Grant:
             f'tokens per minute (TPM): Limit {limits.tpm}, Used {tokens}')
     raise LimitExceeded(f'Rate limit reached for gateway key {plan.key.id!r} on {what}. '
                         f'Please try again in {int(reset) + 1}s.', 'rate_limit_exceeded',
-                        headers + [('Retry-After', str(int(reset) + 1))])
+                        headers + [('Retry-After', str(int(reset) + 1))], 'requests' if code == b'1' else 'tokens')
 
 
 class Limiter:
