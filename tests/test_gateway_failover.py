@@ -109,9 +109,23 @@ def test_a_chat_completion_fails_over_plain_and_streamed(gw, fake):
 
 def test_a_refusal_does_not_fail_over(gw, fake):
     fake.fail(400)
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.BadRequestError) as refused:
         gw.client().responses.create(model='Flaky', input='hello')
     assert paths(fake) == ['/v1/messages']
+    assert refused.value.response.headers['x-llmconn-served-by'] == 'Flaky'     # who refused: every answer says
+
+
+def test_a_failure_no_fallback_answered_names_the_last_one_tried(gw, fake):
+    fake.fail(500, count=2)
+    for route in ('responses', 'chat'):
+        with pytest.raises(openai.APIStatusError) as failed:
+            if route == 'responses':
+                gw.client().responses.create(model='Flaky', input='hello')
+            else:
+                gw.client().chat.completions.create(model='Flaky', messages=[{'role': 'user', 'content': 'hi'}])
+        assert failed.value.status_code == 502
+        assert failed.value.response.headers['x-llmconn-served-by'] == 'Chat', route
+        fake.fail(500, count=2)
 
 
 def test_a_fallback_the_capability_matrix_refuses_is_skipped(gw, fake):

@@ -168,14 +168,17 @@ def count_refused(gw: Gateway, key: Any, e: Exception) -> None:
 
 def _create(gw: Gateway, key: Any, route: str, body: Any) -> tuple:
     # A stream's first event is in hand when its body is returned: a failover, if any, has happened.
-    if route == 'responses':
-        call = responses.prepare(gw, key, body)
-        status, headers, data = _sse(dispatch.stream(gw, call)) if call.stream else \
-            _json(200, dispatch.respond(gw, call))
-    else:
-        call = chat_completions.prepare(gw, key, body)
-        status, headers, data = _sse(chat_completions.stream(gw, call)) if call.stream else \
-            _json(200, chat_completions.complete(gw, call))
+    call = (responses if route == 'responses' else chat_completions).prepare(gw, key, body)
+    try:
+        if route == 'responses':
+            status, headers, data = _sse(dispatch.stream(gw, call)) if call.stream else \
+                _json(200, dispatch.respond(gw, call))
+        else:
+            status, headers, data = _sse(chat_completions.stream(gw, call)) if call.stream else \
+                _json(200, chat_completions.complete(gw, call))
+    except LLMError as e:       # a backend's refusal or failure names who gave it, as an answer does
+        e.served_by = fallbacks.header(call.answering)
+        raise
     return status, headers + [fallbacks.header(call.answering)], data
 
 
@@ -297,6 +300,8 @@ def error(e: BaseException, cid: str, what: str) -> tuple:
                      bounded(e.logged() if isinstance(e, LLMError) else str(e) or str(failure)),
                      exc_info=not isinstance(e, LLMConnError))
     headers = [('WWW-Authenticate', 'Bearer')] if failure.status == 401 else list(getattr(e, 'rate_headers', ()))
+    if getattr(e, 'served_by', None):
+        headers.append(e.served_by)
     body = failure.body()
     body['error'].update(message=bounded(body['error']['message']),
                          param=bounded(body['error']['param'], MAX_PARAM_CHARS))
