@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 import httpx2 as httpx     # the HTTP client the openai SDK is built on
+import pytest
 
 from conformance_checks import check_chunk, check_completion, check_response, check_stream
 from gateway_stack import GatewayStack
@@ -39,6 +40,20 @@ def order(order_id: str) -> str:
 def gateway() -> GatewayStack:
     """One ``llmconn serve`` with every backend above (a module's fixture starts it once)."""
     return GatewayStack(processes=1, extra_llm=EXTRA)
+
+
+@pytest.fixture(scope='module')
+def gw():
+    """The client module's gateway (a module imports this fixture, or defines its own ``gw``)."""
+    stack = gateway()
+    yield stack
+    stack.close()
+
+
+@pytest.fixture
+def bodies():
+    """A test's record of the gateway's answers, each checked."""
+    return Bodies()
 
 
 class Bodies:

@@ -24,7 +24,8 @@ from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResp
 from openai import AsyncOpenAI, BadRequestError
 from openai.types.shared import Reasoning
 
-from agent_backends import ASK, ASK_AGAIN, BACKENDS, Bodies, check_provider_items, gateway, order
+from agent_backends import ASK, ASK_AGAIN, BACKENDS, check_provider_items, order
+from agent_backends import bodies, gw  # noqa: F401 (fixtures every client module shares)
 from gateway_stack import KEYS
 from llmconn.gateway.call_registry import call_key
 
@@ -41,18 +42,6 @@ def get_order(order_id: str) -> str:
 def find_order(customer: str) -> str:
     """Find a customer's order; the fake model then looks it up (a second round of the same turn)."""
     return 'call get_order {"order_id": "C-3"}'
-
-
-@pytest.fixture(scope='module')
-def gw():
-    stack = gateway()
-    yield stack
-    stack.close()
-
-
-@pytest.fixture
-def bodies():
-    return Bodies()
 
 
 @pytest.fixture

@@ -15,8 +15,9 @@ from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
-from agent_backends import (ANSWER, ANSWER_AGAIN, ANSWER_THIRD, ASK, ASK_AGAIN, ASK_THIRD, BACKENDS, PLAIN, Bodies,
-                            check_clean, gateway, order)
+from agent_backends import (ANSWER, ANSWER_AGAIN, ANSWER_THIRD, ASK, ASK_AGAIN, ASK_THIRD, BACKENDS, PLAIN,
+                            check_clean, order)
+from agent_backends import bodies, gw  # noqa: F401 (fixtures every client module shares)
 from gateway_stack import KEYS
 
 ROUTES = ['chat', 'responses']
@@ -26,18 +27,6 @@ ROUTES = ['chat', 'responses']
 def get_order(order_id: str) -> str:
     """Look an order up."""
     return order(order_id)
-
-
-@pytest.fixture(scope='module')
-def gw():
-    stack = gateway()
-    yield stack
-    stack.close()
-
-
-@pytest.fixture
-def bodies():
-    return Bodies()
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ from pydantic_ai.profiles.openai import OpenAIModelProfile
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from agent_backends import (ANSWER, ANSWER_AGAIN, ANSWER_THIRD, ASK, ASK_AGAIN, ASK_THIRD, BACKENDS, PLAIN, Bodies,
-                            check_clean, gateway, last_body, order)
+                            check_clean, last_body, order)
+from agent_backends import bodies, gw  # noqa: F401 (fixtures every client module shares)
 from gateway_stack import KEYS
 
 # The Chat Completions model; the Responses model with its default profile (reasoning replayed as text);
@@ -34,18 +35,6 @@ REASONING_PROFILE = OpenAIModelProfile(openai_supports_encrypted_reasoning_conte
 def get_order(order_id: str) -> str:
     """Look an order up."""
     return order(order_id)
-
-
-@pytest.fixture(scope='module')
-def gw():
-    stack = gateway()
-    yield stack
-    stack.close()
-
-
-@pytest.fixture
-def bodies():
-    return Bodies()
 
 
 @pytest.fixture
