@@ -55,7 +55,7 @@ from llmconn.checks import check_chat_id as _check_chat_id
 from llmconn.checks import check_text as _check_text
 from llmconn.compaction import Compacted, compact, summarizer_of, summary_block, system_with
 from llmconn.config import ConnectionConfig
-from llmconn.errors import InactiveConnection, InvalidInput, LLMError, ToolLoopLimit
+from llmconn.errors import InactiveConnection, InvalidInput, LLMError, LLMRateLimited, ToolLoopLimit
 from llmconn.lifetime import Counted, InFlight
 from llmconn.providers import PROVIDERS
 from llmconn.providers.base import STREAM, STRUCTURED, SYSTEM, TOOLS, Chain
@@ -298,6 +298,7 @@ class Connection:
             return self, call, loop
         plan = iter(failover.plan(self.name, self._fallbacks_of, spec.fallbacks))
         conn, current, held = self, call, None
+        waits: list[float] = []     # the Retry-After of each rate-limited connection: the error says the least
         try:
             while True:
                 loop = conn._loop(current, pending)
@@ -312,9 +313,13 @@ class Connection:
                     why = failover.reason(e)
                     taken = None if started or loop.rounds or not why else self._fallback(plan, conn, current,
                                                                                            why, tally)
+                    if isinstance(e, LLMRateLimited) and e.retry_after is not None:
+                        waits.append(e.retry_after)
                     if taken is None:
                         if conn is not self:        # no one answered: the call failed as the primary's
                             tally.counted_under(self.usage.prefix(self.name, self.conf.model, spec.key_id))
+                        if isinstance(e, LLMRateLimited) and waits:
+                            e.retry_after = min(waits)      # the soonest any connection of the plan may answer
                         raise
                 finally:
                     events.close()      # a caller that stopped reading closes the provider's stream now

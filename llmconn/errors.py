@@ -76,7 +76,15 @@ class LLMUnreachable(LLMError):
 
 
 class LLMRateLimited(LLMError):
-    """The provider kept answering 429 (or 529) after every retry."""
+    """The provider kept answering 429 (or 529) after every retry.
+
+    ``retry_after`` is the wait in seconds the provider's last answer asked
+    for (``retry-after-ms`` or ``Retry-After``), None when it named none.
+    """
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
 
 
 class LLMAuthError(LLMError):

@@ -355,7 +355,9 @@ class Transport:
         else:
             hint = 'the request was refused; fix the input or the connection settings'
         message = f'{self.name}: provider answered HTTP {status}' + (f': {detail}' if detail else '') + f' ({hint})'
-        return cls(self._redact(message), status=status, provider_body=body, connection=self.name, quoted=detail)
+        extra = {'retry_after': parse_retry_after(response.headers)} if cls is LLMRateLimited else {}
+        return cls(self._redact(message), status=status, provider_body=body, connection=self.name, quoted=detail,
+                   **extra)
 
     def _error(self, message: str, status: int | None = None, body: Any = None, cls: type = LLMError) -> LLMError:
         return cls(self._redact(f'{self.name}: {message}'), status=status, provider_body=body, connection=self.name)

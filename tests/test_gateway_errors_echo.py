@@ -120,3 +120,23 @@ def test_bounded_is_the_last_guard_on_any_message():
     text = echo.bounded('x\n' * 10_000)
     assert len(text) == echo.MAX_MESSAGE_CHARS + 1 and '\n' not in text and text.endswith('…')
     assert echo.bounded('lone \ud800 surrogate').encode('utf-8') == b'lone \\ud800 surrogate'
+
+
+@pytest.mark.parametrize('sent, told', [({'Retry-After': '7'}, '7'), ({'retry-after-ms': '2500'}, '3'),
+                                        ({'Retry-After': '0'}, '1'), ({'Retry-After': '999999'}, '3600'),
+                                        ({'Retry-After': 'inf'}, '3600')])
+def test_a_backends_429_passes_its_retry_after_on_and_nothing_else(gw, sent, told):
+    gw.fake.fail(429, headers={**sent, 'x-provider-secret': 'sk-provider-xyz', 'Set-Cookie': 'session=1',
+                               'x-ratelimit-remaining-requests': '0'})
+    answer = post(gw, 'chat/completions', {'model': 'Chat', 'messages': [{'role': 'user', 'content': 'hi'}]})
+    assert answer.status_code == 429 and answer.json()['error']['code'] == 'rate_limit_exceeded', answer.text
+    assert answer.headers['Retry-After'] == told
+    assert 'retry-after-ms' not in answer.headers and 'x-provider-secret' not in answer.headers
+    assert 'Set-Cookie' not in answer.headers and 'sk-provider-xyz' not in str(answer.headers)
+    assert 'x-ratelimit-remaining-requests' not in answer.headers      # the provider's counters are not the key's
+
+
+def test_a_backends_429_without_retry_after_sends_none(gw):
+    gw.fake.fail(429)
+    answer = post(gw, 'responses', {'model': 'Chat', 'input': 'hi'})
+    assert answer.status_code == 429 and 'Retry-After' not in answer.headers

@@ -192,3 +192,18 @@ def test_a_response_over_a_websocket_fails_over_and_names_who_answered(gw, fake)
         again = response_events(conn)
     assert again[-1]['response']['metadata'] == {} and 'users: 2' in json.dumps(again[-1]['response']['output'])
     assert paths(fake) == ['/v1/messages', '/v1/chat/completions', '/v1/messages']
+
+
+def test_when_every_connection_is_rate_limited_the_answer_waits_the_least(gw, fake):
+    fake.fail(429, headers={'Retry-After': '40'})       # Flaky, the primary
+    fake.fail(429, headers={'retry-after-ms': '12200'})     # Chat, its fallback
+    answer = post(gw.url() + '/responses', SECRET, {'model': 'Flaky', 'input': 'hello'})
+    assert answer.status_code == 429, answer.text
+    assert answer.headers['Retry-After'] == '13' and answer.headers['x-llmconn-served-by'] == 'Chat'
+    assert paths(fake) == ['/v1/messages', '/v1/chat/completions']
+    fake.clear()
+    fake.fail(429, headers={'Retry-After': '5'})
+    fake.fail(429, headers={'Retry-After': '30'})
+    answer = post(gw.url() + '/chat/completions', SECRET,
+                  {'model': 'Flaky', 'messages': [{'role': 'user', 'content': 'hi'}]})
+    assert answer.status_code == 429 and answer.headers['Retry-After'] == '5'

@@ -19,6 +19,7 @@ messages are llmconn's own (no secrets, no tracebacks).
 from __future__ import annotations
 
 import logging
+import math
 import weakref
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -292,6 +293,18 @@ def classify(e: BaseException) -> GatewayError:
                         type='server_error')
 
 
+BACKEND_WAIT_RANGE = (1, 3600)      # seconds: a provider's Retry-After as the gateway passes it on
+
+
+def backend_wait(seconds: float) -> int:
+    """A provider's wait (``Retry-After`` / ``retry-after-ms``) as whole seconds a client is told: rounded
+    up, so a client never comes back early, and kept in :data:`BACKEND_WAIT_RANGE`."""
+    low, high = BACKEND_WAIT_RANGE
+    if not math.isfinite(seconds):      # "inf" or "nan" parse as floats: the longest wait, not a crash
+        return high
+    return max(low, min(high, math.ceil(seconds)))
+
+
 def error(e: BaseException, cid: str, what: str) -> tuple:
     """The OpenAI-shaped answer to ``e``: message and param bounded, whatever they quote."""
     failure = classify(e)
@@ -302,6 +315,8 @@ def error(e: BaseException, cid: str, what: str) -> tuple:
     headers = [('WWW-Authenticate', 'Bearer')] if failure.status == 401 else list(getattr(e, 'rate_headers', ()))
     if getattr(e, 'served_by', None):
         headers.append(e.served_by)
+    if isinstance(e, LLMRateLimited) and e.retry_after is not None:
+        headers.append(('Retry-After', str(backend_wait(e.retry_after))))
     body = failure.body()
     body['error'].update(message=bounded(body['error']['message']),
                          param=bounded(body['error']['param'], MAX_PARAM_CHARS))

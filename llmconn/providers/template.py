@@ -28,6 +28,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from llmconn.answers import parse_retry_after
 from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited
 from llmconn.providers.base import SYSTEM, Provider
 from llmconn.providers.template_sandbox import RenderError, compile_template, environment, render, shown
@@ -158,8 +159,9 @@ class TemplateProvider(Provider):
             message += f' (HTTP {status}: {said})'
         cls = {401: LLMAuthError, 403: LLMAuthError, 429: LLMRateLimited, 529: LLMRateLimited}.get(status, LLMError)
         body = scrub(_body(answer.text), secret) if answer is not None else None
+        extra = {'retry_after': parse_retry_after(answer.headers)} if cls is LLMRateLimited else {}
         return cls(scrub(f'{self.conf.name}: {message}', secret), status=status, provider_body=body,
-                   connection=self.conf.name, quoted=said)
+                   connection=self.conf.name, quoted=said, **extra)
 
 
 def _messages(request: Request) -> list[dict]:
