@@ -369,3 +369,27 @@ def test_llmconn_usage_and_admin_show_each_keys_use_against_its_limits(stack):
     assert minute_ended or re.search(r'\b1 / 50\b', line)
     page = admin_page(f'http://127.0.0.1:{stack.ports[1]}/admin')
     assert 'id="limits-table"' in page and 'key-shown' in page and '/ 50' in page
+
+
+REQUESTS_HEADERS = ['x-ratelimit-limit-requests', 'x-ratelimit-remaining-requests', 'x-ratelimit-reset-requests']
+TOKENS_HEADERS = ['x-ratelimit-limit-tokens', 'x-ratelimit-remaining-tokens', 'x-ratelimit-reset-tokens']
+
+
+@pytest.mark.parametrize('given, names', [
+    ({'rpm': 5}, REQUESTS_HEADERS),
+    ({'tpm': 900}, TOKENS_HEADERS),
+    ({'rpm': 5, 'tpm': 900, 'budget_usd': 1}, REQUESTS_HEADERS + TOKENS_HEADERS),
+    ({'budget_usd': 1}, []),
+    ({'tpm': 900, 'budget_usd': 1}, TOKENS_HEADERS),
+])
+def test_a_limited_key_gets_the_headers_of_the_limits_it_has_and_no_invented_one(given, names):
+    """A counter's headers go with its limit (as OpenAI's do): a key without rpm is told no requests limit."""
+    key = GatewayKey(id='k', secret='sk-unit-headers-secret', tenant='t', models=['*'], limits=given)
+    grant = limits.verdict(limits.Plan(key), b'0 3 200 10 12500 72000 0')      # 3 requests, 200 tokens
+    headers = dict(grant.headers())
+    assert list(headers) == names
+    if 'rpm' in given:
+        assert headers['x-ratelimit-limit-requests'] == '5' and headers['x-ratelimit-remaining-requests'] == '2'
+        assert headers['x-ratelimit-reset-requests'] == '13s'
+    if 'tpm' in given:
+        assert headers['x-ratelimit-limit-tokens'] == '900' and headers['x-ratelimit-remaining-tokens'] == '700'
