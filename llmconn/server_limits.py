@@ -165,6 +165,11 @@ class Handler(WSGIHandler):
         finally:
             self._head_timer.cancel()       # the head is in; from here the per-operation timeout applies
 
+    def log_request(self) -> None:
+        # pywsgi formats an access line (a datetime, a %-format) for its ``log``, which the server
+        # makes None: the line would be dropped. The app logs each request itself (llmconn.wsgi).
+        pass
+
     def MessageClass(self, fp, *args):      # noqa: N802 (pywsgi's name): parses the headers
         headers = read_headers(fp)
         # Checked here, before pywsgi quietly drops Content-Length in favour of chunked.
