@@ -24,13 +24,17 @@ _surrogate = re.compile('[\ud800-\udfff]')
 
 
 def has_surrogate(text: str) -> bool:
-    """True when ``text`` holds a surrogate code point, which no UTF-8 encoder accepts."""
-    return _surrogate.search(text) is not None
+    """True when ``text`` holds a surrogate code point, which no UTF-8 encoder accepts.
+
+    ASCII text, most of what passes, is told by a flag CPython keeps on every string,
+    without a scan; only other text is searched.
+    """
+    return not text.isascii() and _surrogate.search(text) is not None
 
 
 def clean(text: str) -> str:
     """``text`` with surrogate pairs joined into their character and lone surrogates as U+FFFD."""
-    if _surrogate.search(text) is None:
+    if not has_surrogate(text):
         return text
     return text.encode('utf-16-le', 'surrogatepass').decode('utf-16-le', 'replace')
 
