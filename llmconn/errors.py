@@ -79,7 +79,8 @@ class LLMRateLimited(LLMError):
     """The provider kept answering 429 (or 529) after every retry.
 
     ``retry_after`` is the wait in seconds the provider's last answer asked
-    for (``retry-after-ms`` or ``Retry-After``), None when it named none.
+    for (``retry-after-ms``, ``Retry-After``, or OpenAI's reset of a spent
+    ``x-ratelimit-*`` counter), None when it named none.
     """
 
     def __init__(self, message: str, *, retry_after: float | None = None, **kwargs: Any) -> None:

@@ -51,7 +51,7 @@ from requests.utils import get_environ_proxies
 from urllib3 import exceptions as http_errors
 
 from llmconn import __version__, jsontext, observe
-from llmconn.answers import parse_retry_after, provider_message
+from llmconn.answers import parse_retry_after, provider_message, rate_limit_wait
 from llmconn.deadline import WATCHED_POOLS, Deadline
 from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout, LLMUnreachable
 from llmconn.redact import scrub
@@ -355,7 +355,7 @@ class Transport:
         else:
             hint = 'the request was refused; fix the input or the connection settings'
         message = f'{self.name}: provider answered HTTP {status}' + (f': {detail}' if detail else '') + f' ({hint})'
-        extra = {'retry_after': parse_retry_after(response.headers)} if cls is LLMRateLimited else {}
+        extra = {'retry_after': rate_limit_wait(response.headers)} if cls is LLMRateLimited else {}
         return cls(self._redact(message), status=status, provider_body=body, connection=self.name, quoted=detail,
                    **extra)
 

@@ -124,7 +124,9 @@ def test_bounded_is_the_last_guard_on_any_message():
 
 @pytest.mark.parametrize('sent, told', [({'Retry-After': '7'}, '7'), ({'retry-after-ms': '2500'}, '3'),
                                         ({'Retry-After': '0'}, '1'), ({'Retry-After': '999999'}, '3600'),
-                                        ({'Retry-After': 'inf'}, '3600')])
+                                        ({'Retry-After': 'inf'}, '3600'),
+                                        ({'x-ratelimit-remaining-tokens': '0', 'x-ratelimit-reset-tokens': '1m30.2s'},
+                                         '91')])
 def test_a_backends_429_passes_its_retry_after_on_and_nothing_else(gw, sent, told):
     gw.fake.fail(429, headers={**sent, 'x-provider-secret': 'sk-provider-xyz', 'Set-Cookie': 'session=1',
                                'x-ratelimit-remaining-requests': '0'})

@@ -15,6 +15,7 @@ import pytest
 
 from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited, LLMTimeout
 from llmconn.sse import iter_sse
+from llmconn.answers import parse_duration, rate_limit_wait
 from llmconn.transport import Transport, parse_retry_after
 
 SECRET = 'sk-test-transport-secret'
@@ -116,6 +117,18 @@ def test_retry_after_parsing():
     soon = email.utils.formatdate(time.time() + 30, usegmt=True)
     assert 25 < parse_retry_after({'retry-after': soon}) <= 30
     assert parse_retry_after({'retry-after': 'whenever'}) is None
+
+
+def test_a_rate_limited_answers_wait_falls_back_to_openais_reset_of_a_spent_counter():
+    assert [parse_duration(v) for v in ('20ms', '1s', '6m0s', '1h2m3.5s')] == [0.02, 1.0, 360.0, 3723.5]
+    assert [parse_duration(v) for v in ('', 's', '5', '1s junk', '-1s')] == [None] * 5
+    spent_tokens = {'x-ratelimit-remaining-requests': '4', 'x-ratelimit-reset-requests': '1s',
+                    'x-ratelimit-remaining-tokens': '0', 'x-ratelimit-reset-tokens': '6m0s'}
+    assert rate_limit_wait(spent_tokens) == 360.0      # the spent counter's reset, not the other's
+    assert rate_limit_wait({**spent_tokens, 'x-ratelimit-remaining-requests': '0'}) == 360.0    # the later
+    assert rate_limit_wait({**spent_tokens, 'retry-after': '3'}) == 3.0     # Retry-After wins
+    assert rate_limit_wait({**spent_tokens, 'x-ratelimit-remaining-tokens': '7'}) is None    # none is spent
+    assert rate_limit_wait({}) is None
 
 
 def test_sse_parser_handles_split_chunks_comments_and_multiline_data():

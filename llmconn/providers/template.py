@@ -28,7 +28,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from llmconn.answers import parse_retry_after
+from llmconn.answers import rate_limit_wait
 from llmconn.errors import LLMAuthError, LLMError, LLMRateLimited
 from llmconn.providers.base import SYSTEM, Provider
 from llmconn.providers.template_sandbox import RenderError, compile_template, environment, render, shown
@@ -159,7 +159,7 @@ class TemplateProvider(Provider):
             message += f' (HTTP {status}: {said})'
         cls = {401: LLMAuthError, 403: LLMAuthError, 429: LLMRateLimited, 529: LLMRateLimited}.get(status, LLMError)
         body = scrub(_body(answer.text), secret) if answer is not None else None
-        extra = {'retry_after': parse_retry_after(answer.headers)} if cls is LLMRateLimited else {}
+        extra = {'retry_after': rate_limit_wait(answer.headers)} if cls is LLMRateLimited else {}
         return cls(scrub(f'{self.conf.name}: {message}', secret), status=status, provider_body=body,
                    connection=self.conf.name, quoted=said, **extra)
 
