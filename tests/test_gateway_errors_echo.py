@@ -142,3 +142,15 @@ def test_a_backends_429_without_retry_after_sends_none(gw):
     gw.fake.fail(429)
     answer = post(gw, 'responses', {'model': 'Chat', 'input': 'hi'})
     assert answer.status_code == 429 and 'Retry-After' not in answer.headers
+
+
+def test_a_streamed_request_and_a_websocket_one_get_the_backends_retry_after_too(gw):
+    gw.fake.fail(429, headers={'Retry-After': '9'})
+    answer = post(gw, 'responses', {'model': 'Chat', 'input': 'hi', 'stream': True})
+    assert answer.status_code == 429 and answer.headers['Retry-After'] == '9'
+    gw.fake.fail(429, headers={'Retry-After': '4'})
+    with gw.client().responses.connect() as conn:
+        conn.response.create(model='Chat', input='hi')
+        event = next(iter(conn)).to_dict()
+    assert event['type'] == 'error' and event['status'] == 429, event
+    assert event['error']['headers'] == {'retry-after': '4'}
