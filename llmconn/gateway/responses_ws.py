@@ -34,10 +34,10 @@ sequence, each continuing any earlier one.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any, Callable, Iterator
 
+from llmconn import jsontext
 from llmconn.errors import GatewayError, WebSocketClosed
 from llmconn.gateway import dispatch, responses, routes
 from llmconn.gateway.echo import shown
@@ -115,10 +115,10 @@ class Session:
                 routes.count_refused(gw, key, e)
                 raise
             events, _ = routes.admitted(gw, key, 'responses', body,
-                                        lambda: dispatch.stream(gw, responses.prepare(gw, key, body), _text))
+                                        lambda: dispatch.stream(gw, responses.prepare(gw, key, body), jsontext.dumps))
         except Exception as e:
             event = error_event(e, self.cid)
-            ws.send_text(json.dumps(event, ensure_ascii=False))
+            ws.send_text(jsontext.dumps(event))
             if event['status'] == 401:
                 ws.close(1008, 'invalid API key')
                 raise WebSocketClosed('the key no longer authenticates') from None
@@ -133,14 +133,10 @@ def _relay(ws: WebSocket, events: Iterator[str]) -> None:
             # Looked at before each event, never after the last: a request sent once the client had
             # response.completed is the next one, not one that came in while this one ran.
             for _ in ws.poll():
-                ws.send_text(json.dumps(busy_event(), ensure_ascii=False))
+                ws.send_text(jsontext.dumps(busy_event()))
             ws.send_text(text)
     finally:
         events.close()
-
-
-def _text(event: dict) -> str:
-    return json.dumps(event, ensure_ascii=False)
 
 
 def create_body(message: str | bytes) -> dict:
@@ -171,8 +167,8 @@ def busy_event() -> dict:
 
 def error_event(e: BaseException, cid: str) -> dict:
     """``e`` as the ``error`` event the SDK reads: the HTTP route's error body, its status, its rate headers."""
-    status, headers, body = routes.error(e, cid, f'WebSocket {CREATE}')
-    event = {'type': 'error', 'status': status, 'error': json.loads(b''.join(body))['error']}
+    status, headers, body = routes.error_answer(e, cid, f'WebSocket {CREATE}')
+    event = {'type': 'error', 'status': status, 'error': body['error']}
     rate = {name.lower(): value for name, value in headers if name.lower().startswith(_RATE_HEADERS)}
     if rate:
         event['error']['headers'] = rate

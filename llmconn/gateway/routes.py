@@ -307,6 +307,13 @@ def backend_wait(seconds: float) -> int:
 
 def error(e: BaseException, cid: str, what: str) -> tuple:
     """The OpenAI-shaped answer to ``e``: message and param bounded, whatever they quote."""
+    status, headers, body = error_answer(e, cid, what)
+    status, base, data = _json(status, body)
+    return status, base + headers, data
+
+
+def error_answer(e: BaseException, cid: str, what: str) -> tuple[int, list, dict]:
+    """:func:`error`'s status, headers of its own (rate, Retry-After, served-by) and body, not yet encoded."""
     failure = classify(e)
     if failure.status >= 500:
         logger.error('%s failed with %d (cid=%s): %s', bounded(what, MAX_PARAM_CHARS), failure.status, cid,
@@ -320,8 +327,7 @@ def error(e: BaseException, cid: str, what: str) -> tuple:
     body = failure.body()
     body['error'].update(message=bounded(body['error']['message']),
                          param=bounded(body['error']['param'], MAX_PARAM_CHARS))
-    status, base, data = _json(failure.status, body)
-    return status, base + headers, data
+    return failure.status, headers, body
 
 
 def _json(status: int, data: Any) -> tuple:
