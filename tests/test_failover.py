@@ -318,6 +318,11 @@ def test_metrics_and_the_log_count_each_failover_and_the_answering_connection(ma
                      f'"{unique}-gemini"']
 
 
+def _rows(registry, unique: str) -> dict:
+    """The ledger's rows of this test's connections, by connection."""
+    return {r['connection']: r for r in read_usage(registry.store) if r['connection'].startswith(unique)}
+
+
 def test_the_ledger_counts_the_call_under_who_answered_and_the_failover_under_who_failed(make, provider, unique):
     registry = make()
     provider.fail(500, count=1)
@@ -326,12 +331,9 @@ def test_the_ledger_counts_the_call_under_who_answered_and_the_failover_under_wh
     registry[f'{unique}-p'].invoke('hello')                    # counted by the flusher
     registry.usage.flush()
 
-    def rows():
-        found = read_usage(registry.store)
-        return {r['connection']: r for r in found if r['connection'].startswith(unique)}
-
-    wait_until(lambda: rows().get(f'{unique}-p', {}).get('failovers') == 2, 'both failovers in the ledger')
-    by = rows()
+    wait_until(lambda: _rows(registry, unique).get(f'{unique}-p', {}).get('failovers') == 2,
+               'both failovers in the ledger')
+    by = _rows(registry, unique)
     assert by[f'{unique}-p']['failovers'] == 2 and by[f'{unique}-p']['calls'] == 0
     assert by[f'{unique}-chat']['calls'] == 2 and by[f'{unique}-chat']['errors'] == 0
     assert by[f'{unique}-chat']['input_tokens'] > 0
@@ -351,12 +353,9 @@ def test_a_call_no_fallback_answered_counts_as_a_failed_call_of_its_own_connecti
         registry[f'{unique}-p'].invoke('hello')
     registry.usage.flush()
 
-    def rows():
-        found = read_usage(registry.store)
-        return {r['connection']: r for r in found if r['connection'].startswith(unique)}
-
-    wait_until(lambda: rows().get(f'{unique}-p', {}).get('errors') == 1, 'the failed call in the ledger')
-    by = rows()
+    wait_until(lambda: _rows(registry, unique).get(f'{unique}-p', {}).get('errors') == 1,
+               'the failed call in the ledger')
+    by = _rows(registry, unique)
     assert (by[f'{unique}-p']['calls'], by[f'{unique}-p']['failovers']) == (1, 1)
     assert by[f'{unique}-p']['errors_by_status'] == {'502': 1}
     assert (by[f'{unique}-chat']['calls'], by[f'{unique}-chat']['failovers']) == (0, 1)

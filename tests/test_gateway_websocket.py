@@ -494,12 +494,7 @@ def test_a_frame_announcing_a_gigabyte_is_refused_from_its_header(stack):
         assert head.startswith(b'HTTP/1.1 101')
         started = time.monotonic()
         sock.sendall(b'\x81\xff' + (2 ** 30).to_bytes(8, 'big') + b'mask')     # a masked text frame's header
-        answer = head.split(b'\r\n\r\n', 1)[1]
-        while len(answer) < 4:
-            chunk = sock.recv(4096)
-            assert chunk, answer
-            answer += chunk
-        assert answer[0] == 0x88 and int.from_bytes(answer[2:4], 'big') == 1009      # a close frame, 1009
+        assert _close_code(sock, head) == 1009
         assert time.monotonic() - started < 15
     finally:
         sock.close()
@@ -542,12 +537,22 @@ def test_a_text_message_that_is_not_utf8_closes_its_socket_with_1007(stack):
         head = _raw_handshake(sock)
         assert head.startswith(b'HTTP/1.1 101')
         sock.sendall(b'\x81\x86' + b'\x00' * 4 + b'\xff\xfe bad')       # a masked text frame, mask 0
-        answer = head.split(b'\r\n\r\n', 1)[1] + sock.recv(4096)
-        assert answer[0] == 0x88 and int.from_bytes(answer[2:4], 'big') == 1007
+        assert _close_code(sock, head) == 1007
     finally:
         sock.close()
     with stack.client().responses.connect() as conn:            # the process serves on, no traceback
         assert completed(conn, model='Chat', input='after it')['status'] == 'completed'
+
+
+def _close_code(sock, head: bytes) -> int:
+    """The code of the close frame the server sends next (what followed the handshake's head included)."""
+    answer = head.split(b'\r\n\r\n', 1)[1]
+    while len(answer) < 4:
+        chunk = sock.recv(4096)
+        assert chunk, answer
+        answer += chunk
+    assert answer[0] == 0x88, answer            # a close frame
+    return int.from_bytes(answer[2:4], 'big')
 
 
 def _raw_handshake(sock) -> bytes:
