@@ -97,9 +97,21 @@ def _park_limits_flusher(registry) -> limits.Limiter:
     return lim
 
 
+def kept_of(lim: limits.Limiter, key_id: str) -> tuple[int, int]:
+    """The tokens and micro-USD the process keeps for ``key_id`` (0, 0 when none)."""
+    kept = lim._pending.get(key_id)
+    return (kept.tokens, kept.cost) if kept is not None else (0, 0)
+
+
+def lone(fn):
+    """``fn`` as a request of a key not busy in this process: its last one admitted a while ago."""
+    time.sleep(limits.RESERVE_LIFETIME + 0.05)
+    return fn()
+
+
 @pytest.mark.parametrize('stream', [False, True])
-def test_chat_completions_with_limits_cost_one_round_trip_and_carry_the_last_ones_spend(gateway, monkeypatch,
-                                                                                       redis_server, stream):
+def test_a_lone_chat_completion_with_limits_costs_one_round_trip_and_carries_the_last_ones_spend(
+        gateway, monkeypatch, redis_server, stream):
     trips = Trips(monkeypatch)
     lim = _park_limits_flusher(gateway)
     extra = {'stream': True} if stream else {}
@@ -109,21 +121,79 @@ def test_chat_completions_with_limits_cost_one_round_trip_and_carry_the_last_one
 
     def calls(key):
         for _ in range(N):
-            status, headers, body = chat(gateway, key, **extra)
+            status, headers, body = lone(lambda: chat(gateway, key, **extra))
             assert status == 200, body
     assert trips.count(lambda: calls('free')) == 0
     assert trips.count(lambda: calls('limited')) == N
     assert all(b'EVALSHA' in sent for sent in trips.sent)
     # Each ADMIT carried the call before it: the last call's spend waits in the process.
     window, spend = counters(redis_server, 'key-limited')
-    assert int(window['r']) == N + 1
-    kept = lim._pending['key-limited']
-    assert kept[1] > 0 and kept[2] > 0
+    assert int(window['r']) == N + 1 and not lim._reserves
+    tokens, cost = kept_of(lim, 'key-limited')
+    assert tokens > 0 and cost > 0
     assert trips.count(lim.flush) == 1            # every key's kept spend: one pipeline
     window_after, spend_after = counters(redis_server, 'key-limited')
-    assert int(window_after['t']) == int(window['t']) + kept[1]
-    assert int(spend_after['s']) == int(spend['s']) + kept[2]
+    assert int(window_after['t']) == int(window['t']) + tokens
+    assert int(spend_after['s']) == int(spend['s']) + cost
     assert not lim._pending
+
+
+@pytest.mark.parametrize('route', ['chat', 'responses'])
+def test_a_busy_key_admits_from_a_reserve_and_hands_back_what_it_did_not_use(gateway, monkeypatch, redis_server,
+                                                                             route):
+    trips = Trips(monkeypatch)
+    lim = _park_limits_flusher(gateway)
+    ask = chat if route == 'chat' else respond
+    ask(gateway, 'limited')
+    lim.flush()
+    calls = 3 * limits.RESERVE_MAX
+
+    def burst():
+        for _ in range(calls):
+            status, headers, body = ask(gateway, 'limited')
+            assert status == 200, body
+    sent = trips.count(burst)
+    admits = [m for m in trips.sent if m.count(b'EVALSHA')]
+    # One script per reserve, not one per request (a Response's rides its record's write).
+    assert len(admits) <= calls // limits.RESERVE_MAX + 2, (len(admits), sent)
+    window, _ = counters(redis_server, 'key-limited')
+    held = lim._reserves['key-limited'].left if 'key-limited' in lim._reserves else 0
+    assert int(window['r']) == 1 + calls + held              # the reserve counts as used while held
+    lim.close()                                              # hands it back
+    window, _ = counters(redis_server, 'key-limited')
+    assert int(window['r']) == 1 + calls                     # exactly the requests served
+
+
+def test_a_reserve_expires_and_goes_back_to_its_minute(gateway, redis_server):
+    lim = limits.limiter(gateway.store)
+    lim.interval = 0.05
+    for _ in range(3):
+        assert chat(gateway, 'limited')[0] == 200
+    assert lim._reserves['key-limited'].left > 0
+    deadline = time.time() + 10
+    while time.time() < deadline and (lim._reserves or lim._pending):
+        time.sleep(0.05)
+    assert not lim._reserves and not lim._pending, (lim._reserves, lim._pending)
+    assert int(counters(redis_server, 'key-limited')[0]['r']) == 3
+
+
+def test_a_reserve_is_never_taken_near_the_rpm(redis_server, provider):
+    registry = Registry.from_dict({
+        'redis': {'url': redis_server.url},
+        'gateway': {'keys': [{'id': 'key-near', 'secret': KEYS['limited'][0], 'tenant': 't', 'models': ['*'],
+                              'limits': {'rpm': 20}}]},
+        'llm': [{'name': 'Chat', 'provider': 'openai', 'model': 'gpt-4.1', 'address': f'{provider.url}/v1',
+                 'max_retries': 0}],
+    })
+    try:
+        lim = _park_limits_flusher(registry)
+        codes = [chat(registry, 'limited')[0] for _ in range(25)]
+        # 20 - 1 - 16 x 1 >= 0: at most one reserve of one, then a script per request: exactly 20.
+        assert codes == [200] * 20 + [429] * 5, codes
+        lim.close()
+        assert int(counters(redis_server, 'key-near')[0]['r']) == 20
+    finally:
+        registry.close()
 
 
 def test_responses_with_limits_cost_no_round_trip_more_than_without(gateway, monkeypatch, redis_server):
@@ -139,13 +209,15 @@ def test_responses_with_limits_cost_no_round_trip_more_than_without(gateway, mon
             status, headers, body = respond(gateway, key, **kw)
             assert status == 200, body
     for kw in ({}, {'stream': True}, {'store': False}):
+        time.sleep(limits.RESERVE_LIFETIME + 0.05)      # no reserve: each admission rides its record
         free = trips.count(lambda: calls('free', **kw))
         assert free == 2 * N, kw                   # the record in_progress, then its ending
         assert trips.count(lambda: calls('limited', **kw)) == free, kw
     # Admitted in the in_progress write, which carried the spend of the call before: only the last waits.
     window, spend = counters(redis_server, 'key-limited')
-    assert int(window['r']) == 2 + 3 * N and int(window['t']) > 0 and int(spend['s']) > 0
-    _, tokens, cost = lim._pending['key-limited']
+    held = lim._reserves['key-limited'].left if 'key-limited' in lim._reserves else 0     # counted while held
+    assert int(window['r']) == 2 + 3 * N + held and int(window['t']) > 0 and int(spend['s']) > 0
+    tokens, cost = kept_of(lim, 'key-limited')
     assert trips.count(lim.flush) == 1
     assert int(counters(redis_server, 'key-limited')[0]['t']) == int(window['t']) + tokens
 
@@ -196,13 +268,13 @@ def test_a_kept_spend_is_written_by_the_flusher_within_its_interval(gateway, red
 def test_a_spend_that_cannot_be_written_is_kept_and_written_later(gateway, redis_server):
     lim = _park_limits_flusher(gateway)
     chat(gateway, 'limited')
-    kept = list(lim._pending['key-limited'][1:])
+    kept = kept_of(lim, 'key-limited')
     redis_server.stop()
     assert lim.flush() is False
-    assert lim._pending['key-limited'][1:] == kept          # nothing lost
-    status, _, body = chat(gateway, 'limited')
+    assert kept_of(lim, 'key-limited') == kept              # nothing lost
+    status, _, body = lone(lambda: chat(gateway, 'limited'))
     assert status == 503 and b'store' in body               # never unlimited service
-    assert lim._pending['key-limited'][1:] == kept          # the ADMIT that carried it failed: kept again
+    assert kept_of(lim, 'key-limited') == kept              # the ADMIT that carried it failed: kept again
     redis_server.start()
     assert lim.flush() is True
     window, spend = counters(redis_server, 'key-limited')
@@ -286,7 +358,7 @@ def test_closing_with_redis_down_logs_what_is_lost_and_returns(gateway, redis_se
     lim.close()
     assert time.monotonic() - started < 30
     assert 'key-limited' in caplog.text and 'could not be counted' in caplog.text
-    assert lim._pending['key-limited'][1] > 0
+    assert kept_of(lim, 'key-limited')[0] > 0
 
 
 def test_a_call_that_failed_over_costs_its_budget_at_the_fallbacks_pricing(redis_server, provider):
@@ -305,7 +377,7 @@ def test_a_call_that_failed_over_costs_its_budget_at_the_fallbacks_pricing(redis
         status, _, body = chat(registry, 'limited')
         assert status == 200, body
         usage = json.loads(body)['usage']
-        _, tokens, cost = lim._pending['key-over']
+        tokens, cost = kept_of(lim, 'key-over')
         assert tokens == usage['prompt_tokens'] + usage['completion_tokens']
         assert cost == usage['prompt_tokens'] * 2000 + usage['completion_tokens'] * 8000
         assert lim.flush()

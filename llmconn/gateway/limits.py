@@ -24,6 +24,15 @@ How a request is counted, across every gateway process sharing the Redis:
   those that ended in the last :data:`SETTLE_INTERVAL`).
 * A stream the client left early counts its estimated tokens (the ones the
   usage ledger counts for it) and their cost.
+* Far from its limits, a key's script also reserves a few more requests
+  for the process that ran it (at most :data:`RESERVE_MAX`, and only while
+  the rpm keeps 16 times the reserve free and tpm and budget 4 times its
+  worth at the most one call of the key took): they are admitted from the
+  process, counted already, without a round trip, for at most
+  :data:`RESERVE_LIFETIME` and never past the minute. What is left unused is
+  handed back to the minute's count by the key's next script or the
+  flush. Within reach of a limit every request is its own script, so a
+  burst from many processes is still admitted exactly ``rpm`` times.
 * A key without limits costs no Redis round trip. With limits, Redis down is
   a 503 (:class:`~llmconn.errors.StoreError`): never unlimited service. A
   settlement that cannot be written is kept and written later; a script
@@ -47,7 +56,7 @@ from typing import Any, Iterator
 
 from llmconn.errors import LimitExceeded, StoreError
 from llmconn.pricing import cost_micro_usd
-from llmconn.store.limits import ADMIT_ONE, SETTLE_ONLY, LimitStore, limit_key
+from llmconn.store.limits import NOTHING_BACK, SETTLE_ONLY, LimitStore, limit_key
 
 logger = logging.getLogger('llmconn.gateway')
 
@@ -55,6 +64,8 @@ MINUTE_TTL = 120                                    # a minute's counters outliv
 PERIOD_TTL = {'day': 2 * 86400, 'month': 32 * 86400}
 PERIOD_WORD = {'day': 'daily', 'month': 'monthly'}     # a refusal names its budget's period
 SETTLE_INTERVAL = 0.2                               # s: the longest a call's spend waits in its process
+RESERVE_MAX = 16                                    # requests a process may hold admitted ahead for a key
+RESERVE_LIFETIME = 0.2                              # s: the longest it holds them (never past the minute)
 _current: contextvars.ContextVar['Admission | None'] = contextvars.ContextVar('llmconn_limit_admission',
                                                                               default=None)
 _limiters: 'weakref.WeakKeyDictionary[Any, Limiter]' = weakref.WeakKeyDictionary()   # per chat store
@@ -64,34 +75,106 @@ _all: 'weakref.WeakSet[Limiter]' = weakref.WeakSet()
 class Plan:
     """What a limited key's script is sent, computed once per key: its counters' name, its limits, its headers."""
 
-    __slots__ = ('key', 'keys', 'spec', 'tpm', 'budget', 'fixed')
+    __slots__ = ('key', 'keys', 'spec', 'rpm', 'tpm', 'budget', 'fixed', 'max_tokens', 'max_cost', 'last')
 
     def __init__(self, key: Any) -> None:
         limits = key.limits
         self.key = key
         self.keys = (limit_key(key.id),)
+        self.rpm = limits.rpm or 0
         self.tpm = limits.tpm or 0
         self.budget = round(limits.budget_usd * 1_000_000) if limits.budget_usd is not None else 0
         ttl = max(MINUTE_TTL, PERIOD_TTL[limits.budget_period])
         self.spec = f'{limits.budget_period} {limits.rpm or 0} {self.tpm} {self.budget} {ttl}'     # ARGV[1]
         self.fixed = (('x-ratelimit-limit-requests', str(limits.rpm)) if limits.rpm is not None else None,
                       ('x-ratelimit-limit-tokens', str(limits.tpm)) if limits.tpm is not None else None)
+        self.max_tokens = self.max_cost = -1    # the most one call of the key took here (-1: none yet)
+        self.last = -RESERVE_LIFETIME           # when this process last admitted one of its requests
 
-    def run(self, tokens: int, cost: int, admit: str) -> tuple:
-        return (self.spec, tokens, cost, admit)
+    def run(self, kept: 'Kept', admit: bool) -> tuple:
+        """ARGV of the key's script: settle ``kept``, and admit one request or not.
+
+        A key busy in this process (its last request admitted within :data:`RESERVE_LIFETIME`)
+        asks for a reserve; a lone request does not, so it is answered by Redis as it is now.
+        """
+        back = f'{kept.back} {kept.minute}' if kept.back else NOTHING_BACK
+        if not admit:
+            return (self.spec, kept.tokens, kept.cost, SETTLE_ONLY, back)
+        now = time.monotonic()
+        want = RESERVE_MAX if now - self.last < RESERVE_LIFETIME else 0
+        self.last = now
+        return (self.spec, kept.tokens, kept.cost, f'{want} {self.max_tokens} {self.max_cost}', back)
+
+    def spent(self, tokens: int, cost: int) -> None:
+        self.max_tokens = max(self.max_tokens, tokens)
+        self.max_cost = max(self.max_cost, cost)
+
+
+class Kept:
+    """What a key's next script is to write: spend not counted yet, a reserve's unused requests."""
+
+    __slots__ = ('plan', 'tokens', 'cost', 'back', 'minute')
+
+    def __init__(self, plan: Plan, tokens: int = 0, cost: int = 0, back: int = 0, minute: int = 0) -> None:
+        self.plan = plan
+        self.tokens = tokens
+        self.cost = cost
+        self.back = back            # requests reserved in ``minute`` (Redis's) and not used
+        self.minute = minute
+
+    def __bool__(self) -> bool:
+        return bool(self.tokens or self.cost or self.back)
+
+    def merge(self, other: 'Kept') -> None:
+        self.tokens += other.tokens
+        self.cost += other.cost
+        if other.back:
+            if self.back and self.minute != other.minute:
+                self.back = 0       # an older minute's: its count is gone already
+            self.back += other.back
+            self.minute = other.minute
+
+
+NOTHING = Kept(None)     # type: ignore[arg-type]
+
+
+class Reserve:
+    """Requests a key's script admitted ahead for this process, and the counters it saw then."""
+
+    __slots__ = ('plan', 'left', 'minute', 'requests', 'tokens', 'spent', 'minute_ends', 'expires')
+
+    def __init__(self, grant: 'Grant', left: int, minute: int, now: float) -> None:
+        self.plan = grant.plan
+        self.left = left
+        self.minute = minute
+        self.requests, self.tokens, self.spent = grant.requests, grant.tokens, grant.spent
+        self.minute_ends = now + grant.reset
+        self.expires = min(now + RESERVE_LIFETIME, self.minute_ends)
+
+    def take(self, now: float) -> 'Grant | None':
+        """One of its requests, as a grant, while it lasts and the key is short of its tpm and budget."""
+        plan = self.plan
+        if (self.left <= 0 or now >= self.expires or (plan.tpm and self.tokens >= plan.tpm)
+                or (plan.budget and self.spent >= plan.budget)):
+            return None
+        self.left -= 1
+        plan.last = now
+        return Grant(plan, self.requests - self.left, self.tokens, self.spent, self.minute_ends - now, self)
 
 
 class Grant:
     """An admitted request of a limited key: what the counters said, for its answer's headers."""
 
-    __slots__ = ('plan', 'requests', 'tokens', 'spent', 'reset')
+    __slots__ = ('plan', 'requests', 'tokens', 'spent', 'reset', 'reserve')
 
-    def __init__(self, plan: Plan, requests: int, tokens: int, spent: int, reset: float) -> None:
+    def __init__(self, plan: Plan, requests: int, tokens: int, spent: int, reset: float,
+                 reserve: Reserve | None = None) -> None:
         self.plan = plan
         self.requests = requests
         self.tokens = tokens
         self.spent = spent
         self.reset = reset                  # seconds to the next minute, by Redis's clock
+        self.reserve = reserve              # the reserve it came from or made, whose view its spend updates
 
     def headers(self) -> list[tuple[str, str]]:
         return rate_headers(self.plan, self.requests, self.tokens, self.reset)
@@ -117,10 +200,18 @@ def _usd(micro: int) -> str:
 
 
 def verdict(plan: Plan, result: Any) -> Grant:
-    """The grant of an ADMIT run, or the 429 it says (Retry-After from Redis's clock)."""
-    code, requests, tokens, spent, reset_ms, period_left, _ = result.split()
+    """The grant of an ADMIT run, or the 429 it says (Retry-After from Redis's clock).
+
+    A grant that reserved requests carries its :class:`Reserve` (not yet the limiter's).
+    """
+    code, requests, tokens, spent, reset_ms, period_left, _, *reserved = result.split()
     if code == b'0':
-        return Grant(plan, int(requests), int(tokens), int(spent), int(reset_ms) / 1000)
+        grant = Grant(plan, int(requests), int(tokens), int(spent), int(reset_ms) / 1000)
+        granted = int(reserved[0]) if reserved else 1
+        if granted > 1:
+            grant.reserve = Reserve(grant, granted - 1, int(reserved[1]), time.monotonic())
+            grant.requests -= granted - 1       # as used: the reserve's requests are not, yet
+        return grant
     requests, tokens, spent, reset = int(requests), int(tokens), int(spent), int(reset_ms) / 1000
     limits = plan.key.limits
     headers = rate_headers(plan, requests, tokens, reset)
@@ -137,13 +228,14 @@ def verdict(plan: Plan, result: Any) -> Grant:
 
 
 class Limiter:
-    """The limits of one chat store's keys in this process: their plans and the spend not written yet."""
+    """The limits of one chat store's keys in this process: their plans, reserves and what is to write."""
 
     def __init__(self, redis: LimitStore, interval: float = SETTLE_INTERVAL) -> None:
         self.redis = redis
         self.interval = interval
         self._plans: dict[str, Plan] = {}
-        self._pending: dict[str, list] = {}     # key id -> [plan, tokens, micro-USD]
+        self._pending: dict[str, Kept] = {}         # key id -> what its next script writes
+        self._reserves: dict[str, Reserve] = {}     # key id -> requests admitted ahead for this process
         self._lock = threading.Lock()
         self._flushing = threading.Lock()
         self._wake = threading.Event()
@@ -160,39 +252,38 @@ class Limiter:
             plan = self._plans[key.id] = Plan(key)
         return plan
 
-    # -- the spend kept in this process ----------------------------------------------------------
+    # -- what is kept in this process ------------------------------------------------------------
 
-    def take(self, plan: Plan) -> tuple[int, int]:
-        """The key's spend not written yet, now the caller's to write (or to :meth:`give_back`)."""
+    def take(self, plan: Plan) -> Kept:
+        """What the key's next script writes (spend, unused reserve), now the caller's (or :meth:`give_back`)."""
         if not self._pending:
-            return 0, 0
+            return NOTHING
         with self._lock:
-            entry = self._pending.pop(plan.key.id, None)
-        return (entry[1], entry[2]) if entry is not None else (0, 0)
+            return self._pending.pop(plan.key.id, NOTHING)
 
-    def give_back(self, plan: Plan, tokens: int, cost: int) -> None:
-        """A write of ``tokens`` and ``cost`` failed: keep them for the next one (never written from here)."""
-        if tokens or cost:
-            self._keep(plan, tokens, cost)
+    def give_back(self, kept: Kept) -> None:
+        """A write of ``kept`` failed: keep it for the next one (never written from here)."""
+        if kept:
+            self._keep(kept)
             if not self._closed:
                 self._wake_flusher(False)
 
     def add(self, plan: Plan, tokens: int, cost: int, urgent: bool) -> None:
         """Keep what a call spent; written by the key's next round trip or the flush thread."""
-        self._keep(plan, tokens, cost)
+        plan.spent(tokens, cost)
+        self._keep(Kept(plan, tokens, cost))
         if self._closed:        # a call that ended after its limiter closed (a reloaded store)
             self.flush()
         else:
             self._wake_flusher(urgent)
 
-    def _keep(self, plan: Plan, tokens: int, cost: int) -> None:
+    def _keep(self, kept: Kept) -> None:
         with self._lock:
-            entry = self._pending.get(plan.key.id)
-            if entry is None:
-                self._pending[plan.key.id] = [plan, tokens, cost]
+            entry = self._pending.get(kept.plan.key.id)
+            if entry is None or entry is NOTHING:
+                self._pending[kept.plan.key.id] = Kept(kept.plan, kept.tokens, kept.cost, kept.back, kept.minute)
             else:
-                entry[1] += tokens
-                entry[2] += cost
+                entry.merge(kept)
 
     def _wake_flusher(self, urgent: bool) -> None:
         if self._thread is None:
@@ -201,32 +292,87 @@ class Limiter:
             self._urgent.set()
         self._wake.set()
 
+    # -- reserves ----------------------------------------------------------------------------------
+
+    def reserved(self, plan: Plan) -> Grant | None:
+        """A request of the key admitted from this process's reserve, without a round trip, or None."""
+        if not self._reserves:
+            return None
+        with self._lock:
+            reserve = self._reserves.get(plan.key.id)
+            if reserve is None:
+                return None
+            grant = reserve.take(time.monotonic()) if reserve.plan is plan else None
+            if grant is None:           # spent, expired, near a limit or a reloaded key's: hand it back
+                self._drop(plan.key.id, reserve)
+            return grant
+
+    def hold(self, grant: Grant) -> None:
+        """Keep the reserve an admission made (an older one of the key is handed back)."""
+        reserve = grant.reserve
+        if reserve is None:
+            return
+        with self._lock:
+            old = self._reserves.get(reserve.plan.key.id)
+            if old is not None:
+                self._drop(reserve.plan.key.id, old)
+            self._reserves[reserve.plan.key.id] = reserve
+        self._wake_flusher(False)       # it hands the reserve back should it outlive its use
+
+    def _drop(self, key_id: str, reserve: Reserve) -> None:
+        # Under the lock. What was not used goes back to its minute's count with the next write.
+        del self._reserves[key_id]
+        if reserve.left > 0:
+            back = Kept(reserve.plan, back=reserve.left, minute=reserve.minute)
+            entry = self._pending.get(key_id)
+            if entry is None:
+                self._pending[key_id] = back
+            else:
+                entry.merge(back)
+        reserve.left = 0
+
+    def _expire(self, everything: bool = False) -> float | None:
+        """Hand back the reserves past their time (all of them, closing); seconds to the next one's end."""
+        now, soonest = time.monotonic(), None
+        with self._lock:
+            for key_id, reserve in list(self._reserves.items()):
+                if everything or now >= reserve.expires or reserve.left <= 0:
+                    self._drop(key_id, reserve)
+                else:
+                    soonest = min(soonest or reserve.expires, reserve.expires)
+        return None if soonest is None else max(0.0, soonest - now)
+
     # -- the round trips -------------------------------------------------------------------------
 
     def admit(self, plan: Plan) -> Grant:
-        """Settle the key's kept spend and admit one request: one round trip; 429 or 503 when refused."""
-        tokens, cost = self.take(plan)
+        """One request: from the reserve, else settle what is kept and admit (and reserve) in one round
+        trip; 429 or 503 when refused."""
+        grant = self.reserved(plan)
+        if grant is not None:
+            return grant
+        kept = self.take(plan)
         try:
-            result = self.redis.admit(plan.keys, (plan.spec, tokens, cost, ADMIT_ONE))
+            result = self.redis.admit(plan.keys, plan.run(kept, True))
         except BaseException:
-            self.give_back(plan, tokens, cost)
+            self.give_back(kept)
             raise
-        return verdict(plan, result)
+        grant = verdict(plan, result)
+        self.hold(grant)
+        return grant
 
     def flush(self) -> bool:
-        """Write every key's kept spend in one round trip; True when nothing is left."""
+        """Write every key's kept spend and unused reserve in one round trip; True when nothing is left."""
         with self._flushing:
             with self._lock:
                 pending, self._pending = self._pending, {}
-            if not pending:
+            entries = [kept for kept in pending.values() if kept]
+            if not entries:
                 return True
-            entries = list(pending.values())
             try:
-                self.redis.settle_many([(plan.keys, plan.run(tokens, cost, SETTLE_ONLY))
-                                        for plan, tokens, cost in entries])
+                self.redis.settle_many([(kept.plan.keys, kept.plan.run(kept, False)) for kept in entries])
             except StoreError as e:
-                for plan, tokens, cost in entries:
-                    self._keep(plan, tokens, cost)
+                for kept in entries:
+                    self._keep(kept)
                 if not self._failing:
                     logger.warning('Could not count the spend of %d gateway key(s) against their limits, '
                                    'keeping it to retry: %s', len(entries), e)
@@ -238,16 +384,17 @@ class Limiter:
             return True
 
     def close(self) -> None:
-        """Stop the flush thread and write what is left."""
+        """Stop the flush thread, hand back the reserves and write what is left."""
         self._closed = True
         self._wake.set()
         self._urgent.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=10)
+        self._expire(everything=True)
         if not self.flush():
             with self._lock:
-                lost = [(entry[0].key.id, entry[1], entry[2]) for entry in self._pending.values()]
+                lost = [(kept.plan.key.id, kept.tokens, kept.cost) for kept in self._pending.values()]
             if lost == self._lost_reported:     # at exit, after the registry's close said so: not twice
                 return
             self._lost_reported = lost
@@ -262,14 +409,16 @@ class Limiter:
                 self._thread.start()
 
     def _run(self) -> None:
+        until_expiry = None
         while not self._closed:
-            self._wake.wait()
-            self._wake.clear()
-            self._urgent.wait(self.interval)    # more calls end meanwhile: one write for them all
-            self._urgent.clear()
+            if self._wake.wait(until_expiry):
+                self._wake.clear()
+                self._urgent.wait(self.interval)    # more calls end meanwhile: one write for them all
+                self._urgent.clear()
             if self._closed:
                 return
             try:
+                until_expiry = self._expire()
                 if not self.flush():
                     self._wake.set()            # try again after the next interval
             except Exception:       # the flusher must outlive any one failure
@@ -277,8 +426,8 @@ class Limiter:
                 self._wake.set()
 
     def _after_fork(self) -> None:
-        # The parent's spend is the parent's to write; this child starts empty.
-        self._pending = {}
+        # The parent's spend and reserves are the parent's to write; this child starts empty.
+        self._pending, self._reserves = {}, {}
         self._lock, self._flushing = threading.Lock(), threading.Lock()
         self._wake, self._urgent = threading.Event(), threading.Event()
         self._thread = None
@@ -332,19 +481,25 @@ class Admission:
                       (plan.budget and grant.spent + cost >= plan.budget))
         grant.tokens += tokens
         grant.spent += cost
+        if grant.reserve is not None:       # what this process's next requests from it see
+            grant.reserve.tokens += tokens
+            grant.reserve.spent += cost
         self.urgent = urgent
         self.limiter.add(self.plan, tokens, cost, urgent)
 
     # -- riding another round trip (:meth:`llmconn.store.records.RecordStore.save`) -----------
 
     def admit_rider(self) -> 'Rider | None':
-        """Admission in the pipeline of another write, or None when admitted already (on a cluster: now)."""
+        """Admission in the pipeline of another write, or None when admitted already: from the reserve,
+        or (on a cluster) now."""
+        if self.grant is None:
+            self.grant = self.limiter.reserved(self.plan)
         if self.grant is not None:
             return None
         if self.limiter.redis.cluster:
             self.admit()
             return None
-        return Rider(self, ADMIT_ONE)
+        return Rider(self, True)
 
     def settle_rider(self) -> 'Rider | None':
         """The key's kept spend, written with another write, when this call brought the key to a limit.
@@ -352,26 +507,26 @@ class Admission:
         Otherwise (and on a cluster) it waits for the key's next admission, which the next request
         makes anyway, or the flush: a second command on every ending cost more CPU than it saves.
         """
-        return Rider(self, SETTLE_ONLY) if self.urgent and not self.limiter.redis.cluster else None
+        return Rider(self, False) if self.urgent and not self.limiter.redis.cluster else None
 
 
 class Rider:
-    """One ADMIT run sent after another write, in its round trip, carrying the key's kept spend."""
+    """One ADMIT run sent after another write, in its round trip, carrying what the key's script writes."""
 
-    __slots__ = ('admission', 'mode', 'tokens', 'cost')
+    __slots__ = ('admission', 'admits', 'kept')
 
-    def __init__(self, admission: Admission, mode: str) -> None:
+    def __init__(self, admission: Admission, admits: bool) -> None:
         self.admission = admission
-        self.mode = mode
-        self.tokens = self.cost = 0
+        self.admits = admits            # admits the request; else only settles
+        self.kept = NOTHING
 
     def command(self) -> tuple | None:
-        """The command to send (None: nothing to), the kept spend now carried by it."""
+        """The command to send (None: nothing to), what was kept now carried by it."""
         adm = self.admission
-        self.tokens, self.cost = adm.limiter.take(adm.plan)
-        if self.mode == SETTLE_ONLY and not (self.tokens or self.cost):
+        self.kept = adm.limiter.take(adm.plan)
+        if not self.admits and not self.kept:
             return None
-        return adm.limiter.redis.command(adm.plan.keys, (adm.plan.spec, self.tokens, self.cost, self.mode))
+        return adm.limiter.redis.command(adm.plan.keys, adm.plan.run(self.kept, self.admits))
 
     def answer(self, result: Any) -> None:
         """The command's reply; an admission refused raises its 429, a failed one its 503."""
@@ -379,22 +534,23 @@ class Rider:
         if isinstance(result, BaseException):
             self.failed()
             if adm.limiter.redis.missing_script(result):     # a new (or restarted) Redis: loaded once
-                if self.mode == ADMIT_ONE:
+                if self.admits:
                     adm.grant = adm.limiter.admit(adm.plan)
                 else:
                     adm.limiter.redis.load()
                 return
-            if self.mode != ADMIT_ONE:
+            if not self.admits:
                 return              # kept for the next write
             with adm.limiter.redis.boundary():
                 raise result
-        if self.mode == ADMIT_ONE:
+        if self.admits:
             adm.grant = verdict(adm.plan, result)
+            adm.limiter.hold(adm.grant)
 
     def failed(self) -> None:
         adm = self.admission
-        adm.limiter.give_back(adm.plan, self.tokens, self.cost)
-        self.tokens = self.cost = 0
+        adm.limiter.give_back(self.kept)
+        self.kept = NOTHING
 
 
 def admission(gw: Any, key: Any) -> Admission | None:

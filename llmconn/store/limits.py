@@ -79,16 +79,26 @@ if same_minute then requests, tokens = tonumber(stored[2]) or 0, tonumber(stored
 if same_period then spent = tonumber(stored[5]) or 0 end
 """
 
-# Adds what earlier calls of the key spent, then admits one request (or says which limit refuses it).
+# Adds what earlier calls of the key spent and hands back what a process reserved and did not use,
+# then admits one request and reserves up to WANT more for that process (or says which limit refuses).
 #   KEYS[1], ARGV[1] as above; ARGV[2] - tokens to add, ARGV[3] - micro-USD to add,
-#   ARGV[4] - '1' to admit, '0' to add only.
-# Returns 'VERDICT REQUESTS TOKENS SPENT MS_TO_NEXT_MINUTE S_TO_NEXT_PERIOD PERIOD' (one reply to parse):
-# verdict 0 admitted (requests counts it), 1 rpm reached, 2 tpm reached, 3 budget spent.
+#   ARGV[4] - '0' to add only, else 'WANT MAXTOKENS MAXCOST': admit one and reserve up to WANT more, as
+#   long as the rpm keeps RESERVE_SHARE times the reserve free and tpm and budget keep MARGIN times the
+#   reserve's worth at the most a call of the key took (MAXTOKENS, MAXCOST; -1 not known yet: no reserve);
+#   ARGV[5] - 'BACK MINUTE': requests reserved in MINUTE and not used (given back in that minute only).
+# Returns 'VERDICT REQUESTS TOKENS SPENT MS_TO_NEXT_MINUTE S_TO_NEXT_PERIOD PERIOD GRANTED MINUTE' (one reply
+# to parse): verdict 0 admitted (requests counts it and the GRANTED - 1 reserved), 1 rpm reached, 2 tpm
+# reached, 3 budget spent.
 ADMIT = _WINDOWS + """
+local RESERVE_SHARE, MARGIN = 16, 4
 local add_tokens, add_cost = tonumber(ARGV[2]), tonumber(ARGV[3])
 tokens, spent = tokens + add_tokens, spent + add_cost
+local back, back_minute = string.match(ARGV[5], '^(%d+) (%d+)$')
+back = same_minute and tonumber(back_minute) == minute and math.min(tonumber(back), requests) or 0
+requests = requests - back
 local verdict, counted = 0, 0
-if ARGV[4] == '1' then
+local want, max_tokens, max_cost = string.match(ARGV[4], '^(%d+) (-?%d+) (-?%d+)$')
+if want then
     if budget > 0 and spent >= budget then
         verdict = 3
     elseif rpm > 0 and requests >= rpm then
@@ -96,13 +106,26 @@ if ARGV[4] == '1' then
     elseif tpm > 0 and tokens >= tpm then
         verdict = 2
     else
-        counted, requests = 1, requests + 1
+        local reserve = tonumber(want)
+        if rpm > 0 then reserve = math.min(reserve, math.floor((rpm - requests - 1) / RESERVE_SHARE)) end
+        max_tokens, max_cost = tonumber(max_tokens), tonumber(max_cost)
+        if tpm > 0 and max_tokens < 0 or budget > 0 and max_cost < 0 then
+            reserve = 0         -- what a call of the key takes is not known yet
+        end
+        if tpm > 0 and max_tokens > 0 then
+            reserve = math.min(reserve, math.floor((tpm - tokens) / (MARGIN * max_tokens)))
+        end
+        if budget > 0 and max_cost > 0 then
+            reserve = math.min(reserve, math.floor((budget - spent) / (MARGIN * max_cost)))
+        end
+        counted = 1 + math.max(0, reserve)
+        requests = requests + counted
     end
 end
 local renewed = false
-if counted + add_tokens > 0 then
+if counted + back + add_tokens > 0 then
     if same_minute then
-        if counted > 0 then redis.call('HINCRBY', KEYS[1], 'r', 1) end
+        if counted - back ~= 0 then redis.call('HINCRBY', KEYS[1], 'r', counted - back) end
         if add_tokens > 0 then redis.call('HINCRBY', KEYS[1], 't', ARGV[2]) end
     else
         redis.call('HSET', KEYS[1], 'm', minute, 'r', counted, 't', ARGV[2])
@@ -118,8 +141,8 @@ if add_cost > 0 then
     end
 end
 if renewed then redis.call('EXPIRE', KEYS[1], ttl) end      -- once a minute at most: a new window
-return string.format('%d %d %d %d %d %d %d', verdict, requests, tokens, spent,
-                     60000 - (secs % 60) * 1000 - ms, period_end - secs, period)
+return string.format('%d %d %d %d %d %d %d %d %d', verdict, requests, tokens, spent,
+                     60000 - (secs % 60) * 1000 - ms, period_end - secs, period, counted, minute)
 """
 
 # The counters now, for ``llmconn usage`` and ``/admin``: {requests, tokens, spent, period}.
@@ -128,7 +151,7 @@ return {requests, tokens, spent, period}
 """
 
 SETTLE_ONLY = '0'
-ADMIT_ONE = '1'
+NOTHING_BACK = '0 0'
 
 
 def limit_key(key_id: str) -> str:
