@@ -271,17 +271,24 @@ class Limiter:
     def add(self, plan: Plan, tokens: int, cost: int, urgent: bool) -> None:
         """Keep what a call spent; written by the key's next round trip or the flush thread."""
         plan.spent(tokens, cost)
-        self._keep(Kept(plan, tokens, cost))
+        with self._lock:
+            entry = self._pending.get(plan.key.id)
+            if entry is None:
+                self._pending[plan.key.id] = Kept(plan, tokens, cost)
+            else:
+                entry.tokens += tokens
+                entry.cost += cost
         if self._closed:        # a call that ended after its limiter closed (a reloaded store)
             self.flush()
         else:
             self._wake_flusher(urgent)
 
     def _keep(self, kept: Kept) -> None:
+        """Keep ``kept`` (taken off the list, its write failed) for the key's next write."""
         with self._lock:
             entry = self._pending.get(kept.plan.key.id)
-            if entry is None or entry is NOTHING:
-                self._pending[kept.plan.key.id] = Kept(kept.plan, kept.tokens, kept.cost, kept.back, kept.minute)
+            if entry is None:
+                self._pending[kept.plan.key.id] = kept
             else:
                 entry.merge(kept)
 
