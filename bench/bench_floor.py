@@ -22,7 +22,7 @@ connections asking one after another. The ways:
 each plain and streamed (``+sse``). A block is ``--requests`` requests of one
 way; every round runs one block of each way, in an order shuffled anew each
 round, so drift on a shared machine hits every way alike. A block's figure is
-the CPU time (utime + stime, /proc/PID/stat) the answering server process used
+the CPU time (the scheduler's nanosecond count of every thread) the answering server process used
 during it, divided by its requests; a way's figure is the median of its
 rounds, and a ratio the median of the rounds' ratios. The fake's CPU and the
 client's are not counted. Targets (plain): chat ≤ 1.5 × floor-chat,
@@ -57,7 +57,7 @@ from urllib.parse import urlsplit  # noqa: E402
 import urllib3  # noqa: E402
 from gevent.pool import Pool  # noqa: E402
 
-from common import free_port, start_redis  # noqa: E402
+from common import cpu_seconds, free_port, start_redis  # noqa: E402
 from llmconn.demo import start_server, stop, wait_until_up  # noqa: E402
 from llmconn.testing.fake_server import FakeProviderServer  # noqa: E402
 
@@ -204,12 +204,6 @@ def chosen(table: dict, names: str) -> dict:
 
 
 # ---- measuring -------------------------------------------------------------------------------------
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system, all threads) process ``pid`` has used so far, from /proc."""
-    fields = Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
-
 
 def run_block(pools: list, url: str, body: bytes, headers: dict, count: int) -> None:
     """``count`` requests over the clients' connections, each read to its end; any non-200 stops the run."""

@@ -33,7 +33,7 @@ import requests  # noqa: E402
 from gevent.pool import Pool  # noqa: E402
 
 from bench_gateway import process_tree  # noqa: E402
-from common import free_port, start_redis  # noqa: E402
+from common import cpu_seconds, free_port, start_redis  # noqa: E402
 from llmconn.demo import start_server, stop  # noqa: E402
 from llmconn.testing.fake_server import FakeProviderServer  # noqa: E402
 
@@ -57,18 +57,6 @@ llm:
      pricing: {{input: 2, output: 8}}}}
 ''')
     return config
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """CPU time the processes ``pids`` (every thread of each) have used so far, in ns precision."""
-    total = 0
-    for pid in pids:
-        for task in Path(f'/proc/{pid}/task').iterdir():
-            try:
-                total += int((task / 'schedstat').read_text().split()[0])
-            except (OSError, ValueError):
-                continue        # a thread that just ended
-    return total / 1e9
 
 
 def ways(gateway: str) -> dict:
@@ -107,9 +95,9 @@ def measure(all_ways: dict, pids: list[int], rounds: int, block: int, clients: i
     for _ in range(rounds):
         shuffle(order)
         for name in order:
-            used = cpu_seconds(pids)
+            used = cpu_seconds(*pids)
             done = run_block(all_ways[name], clients, block, sessions)
-            per_round[name].append((cpu_seconds(pids) - used) / done)
+            per_round[name].append((cpu_seconds(*pids) - used) / done)
     for session in sessions:
         session.close()
     return per_round
