@@ -8,8 +8,9 @@ How a request is counted, across every gateway process sharing the Redis:
   count are one atomic step, so a burst from many processes is admitted
   exactly ``rpm`` times a minute. On the Responses route the script rides
   the round trip that records the response ``in_progress`` (packed after
-  its SET in one send); on Chat Completions it is the request's one extra
-  round trip. On a Redis Cluster nothing rides another write.
+  its SET in one send); on Chat Completions it is a round trip of its
+  own. A busy key's request is admitted from a reserve instead (below).
+  On a Redis Cluster nothing rides another write.
 * What the call spent (input + output tokens to the minute, its cost in
   micro-USD at the connection's ``pricing`` to the period) is not a round
   trip of its own. The process keeps it and the next script of the same
@@ -51,7 +52,6 @@ import os
 import threading
 import time
 import weakref
-from contextlib import contextmanager
 from typing import Any, Iterator
 
 from llmconn.errors import LimitExceeded, StoreError
@@ -568,14 +568,22 @@ def admission(gw: Any, key: Any) -> Admission | None:
     return Admission(lim, lim.plan(key))
 
 
-@contextmanager
-def granted(adm: Admission | None) -> Iterator[None]:
-    """While the route prepares its call, the calls it starts are counted against ``adm``."""
-    token = _current.set(adm)
-    try:
-        yield
-    finally:
-        _current.reset(token)
+class granted:
+    """``with granted(adm):`` while the route prepares its call, the calls it starts are counted against ``adm``.
+
+    A class rather than a ``contextmanager`` generator: it is entered on every limited request.
+    """
+
+    __slots__ = ('adm', 'token')
+
+    def __init__(self, adm: Admission | None) -> None:
+        self.adm = adm
+
+    def __enter__(self) -> None:
+        self.token = _current.set(self.adm)
+
+    def __exit__(self, *exc: object) -> None:
+        _current.reset(self.token)
 
 
 def current() -> Admission | None:
