@@ -40,6 +40,8 @@ ADMIN_KEY = 'sk-limits-admin-key'
 KEYS = {
     'rpm': ('sk-gw-limits-rpm-secret', '{rpm: 2}'),
     'burst': ('sk-gw-limits-burst-secret', '{rpm: 10}'),
+    'crowd': ('sk-gw-limits-crowd-secret', '{rpm: 120}'),
+    'handoff': ('sk-gw-limits-handoff-secret', '{rpm: 120}'),
     'tpm': ('sk-gw-limits-tpm-secret', '{tpm: 1}'),
     'budget': ('sk-gw-limits-budget-secret', '{budget_usd: 0.001, budget_period: month}'),
     'roomy': ('sk-gw-limits-roomy-secret', '{rpm: 100, tpm: 1000000}'),
@@ -189,6 +191,54 @@ def test_two_processes_share_one_rpm_under_a_burst(stack):
     assert set(outcomes) <= {'ok', 'rate_limit_exceeded'}
     # 10 a minute across both processes: exactly 10 when the burst stayed in one minute.
     assert admitted == 10 if minutes == 1 else 10 <= admitted <= 20
+
+
+def test_two_processes_with_reserves_admit_exactly_the_rpm_under_a_burst(stack):
+    # 120 a minute leaves room for reserves (each keeps 16 times itself free), so both processes take
+    # some while the burst starts; within reach of the limit every request asks Redis again.
+    clients = [stack.client('crowd', process) for process in (0, 1)] * 180
+
+    def one(item):
+        index, client = item
+        try:
+            if index % 3:
+                _chat(client)
+            else:
+                client.responses.create(model='Chat', input='hello there')
+            return 'ok'
+        except openai.RateLimitError as e:
+            return e.code
+
+    start = int(time.time() // 60)
+    with ThreadPoolExecutor(16) as pool:
+        outcomes = list(pool.map(one, enumerate(clients)))
+    minutes = int(time.time() // 60) - start + 1
+    admitted = outcomes.count('ok')
+    assert set(outcomes) <= {'ok', 'rate_limit_exceeded'}
+    assert admitted == 120 if minutes == 1 else 120 <= admitted <= 240, admitted
+
+
+def test_a_reserve_a_process_no_longer_uses_goes_back_to_the_others(stack):
+    # Process 0 is busy for a moment (so it holds a reserve), then every request goes to process 1:
+    # what process 0 held comes back to the minute within its 0.2 s, and process 1 serves it.
+    first, second = stack.client('handoff', 0), stack.client('handoff', 1)
+    start = int(time.time() // 60)
+    served = 0
+    for _ in range(4):
+        _chat(first)
+        served += 1
+
+    def one(_):
+        try:
+            _chat(second)
+            return 1
+        except openai.RateLimitError as e:
+            assert e.code == 'rate_limit_exceeded'
+            return 0
+    with ThreadPoolExecutor(4) as pool:
+        served += sum(pool.map(one, range(180)))
+    if int(time.time() // 60) == start:         # a burst over a minute's end counts in two
+        assert served == 120
 
 
 def test_tpm_counts_a_streamed_answers_tokens(stack):
