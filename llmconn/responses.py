@@ -225,8 +225,9 @@ def json_response(status: int, data: Any) -> tuple:
     return status, [('Content-Type', JSON_TYPE), ('Content-Length', str(len(body)))], [body]
 
 
+_STATUS_LINES = {int(s): f'{int(s)} {s.phrase}' for s in HTTPStatus}    # made once: an enum lookup per response
+
+
 def status_line(status: int) -> str:
-    try:
-        return f'{status} {HTTPStatus(status).phrase}'
-    except ValueError:
-        return f'{status} Status'
+    """``200 OK``; a status HTTP does not name is ``<status> Status``."""
+    return _STATUS_LINES.get(status) or f'{status} Status'

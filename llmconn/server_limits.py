@@ -51,7 +51,7 @@ from typing import Callable
 import gevent
 from gevent.monkey import get_original
 from gevent import Timeout
-from gevent.pywsgi import OldMessage, WSGIHandler
+from gevent.pywsgi import OldMessage, WSGIHandler, format_date_time
 
 from llmconn.responses import HTTPFailure
 
@@ -63,6 +63,7 @@ TAKEOVER_KEY = 'llmconn.take_over'  # environ key: () -> TakenOver, the connecti
 REFUSAL_LOG_INTERVAL = 10.0         # seconds between two log lines about refused connections
 FD_RESERVE = 64                     # descriptors kept free for Redis, providers, deployed files
 FAREWELL_TIMEOUT = 1.0              # seconds an evicted connection's last words may take to send
+ONE_SEND_BYTES = 65536              # a response body up to this is sent with its head (one copy, one send)
 _poll = get_original('select', 'poll')      # the real one: a look that must not yield to other greenlets
 
 
@@ -180,6 +181,16 @@ class Handler(WSGIHandler):
             raise ValueError('both Content-Length and Transfer-Encoding; send one of them')
         return headers
 
+    def _headers(self):
+        # pywsgi's formats each parsed header as a "Name: value" line and splits it again; the head's
+        # lines are pairs already (read_headers refuses folded lines, the one thing its loop joined).
+        for name, value in self.headers._headers:
+            if '_' in name:         # as pywsgi: a name with an underscore could pose as another's variable
+                continue
+            key = name.replace('-', '_').upper()
+            if key not in ('CONTENT_TYPE', 'CONTENT_LENGTH'):
+                yield 'HTTP_' + key, value.strip()
+
     def get_environ(self) -> dict:
         environ = super().get_environ()
         environ[BODY_TIMEOUT_KEY] = self.limits.idle_timeout
@@ -220,6 +231,32 @@ class Handler(WSGIHandler):
             pass
         return None
 
+    def finalize_headers(self) -> None:
+        if self.provided_date is None:      # pywsgi formats the date anew for every response
+            self.response_headers.append((b'Date', _http_date()))
+            self.provided_date = True
+        super().finalize_headers()
+
+    def _write_with_headers(self, data: bytes) -> None:
+        # pywsgi sends the head, then the body's first part: two syscalls and two TCP segments for
+        # every response. A small body of a declared length (never chunked) goes with its head.
+        if not data or len(data) > ONE_SEND_BYTES or self.provided_content_length is None:
+            return super()._write_with_headers(data)
+        self.headers_sent = True
+        self.finalize_headers()
+        head = bytearray(b'HTTP/1.1 ')
+        head += self.status
+        head += b'\r\n'
+        for header, value in self.response_headers:
+            head += header
+            head += b': '
+            head += value
+            head += b'\r\n'
+        head += b'\r\n'
+        head += data
+        self._sendall(head)
+        return None
+
     def has_pending_data(self) -> bool:
         """Whether bytes arrived that the handler has not read yet: a request on its way, not idle."""
         try:
@@ -241,6 +278,18 @@ class Handler(WSGIHandler):
             self.socket.shutdown(socket.SHUT_RDWR)
         except (OSError, AttributeError):       # already gone
             pass
+
+
+_date: tuple = (0, b'')      # (second, its HTTP date): a response's Date changes once a second
+
+
+def _http_date() -> bytes:
+    """Now as an HTTP ``Date`` (pywsgi's format), made once a second."""
+    global _date
+    second = int(time.time())
+    if _date[0] != second:
+        _date = (second, format_date_time(second))
+    return _date[1]
 
 
 def _refuse(sock) -> None:
@@ -273,7 +322,40 @@ MAX_HEADER_LINE = 65536         # bytes, as http.client allows
 _HEADER_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")      # RFC 9110 token
 
 
-def read_headers(fp) -> OldMessage:
+class RequestHead(OldMessage):
+    """A request head as pywsgi reads it: the parsed ``(name, value)`` lines, looked up by lower-case name.
+
+    The ``email`` package's lookups walk every line and run each value through its policy (a check
+    for surrogates, which latin-1 text never has), for each of the dozen lookups pywsgi makes.
+    """
+
+    def __init__(self, headers: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self._headers = headers     # what email's parser would have filled, without its feed parser
+        self._index()
+
+    def _index(self) -> None:
+        self._first: dict[str, str] = {}
+        for name, value in self._headers:
+            self._first.setdefault(name.lower(), value)
+
+    def get(self, name: str, failobj=None):
+        return self._first.get(name.lower(), failobj)
+
+    def get_all(self, name: str, failobj=None):
+        name = name.lower()
+        return [value for key, value in self._headers if key.lower() == name] or failobj
+
+    def __setitem__(self, name: str, value: str) -> None:
+        super().__setitem__(name, value)
+        self._index()
+
+    def __delitem__(self, name: str) -> None:     # pywsgi drops Content-Length of a chunked request
+        super().__delitem__(name)
+        self._index()
+
+
+def read_headers(fp) -> RequestHead:
     """A request's header lines, up to the blank line, as the message pywsgi reads them from.
 
     ``http.client.parse_headers`` runs each head through the ``email``
@@ -298,9 +380,7 @@ def read_headers(fp) -> OldMessage:
         headers.append((name.decode('latin-1'), value.strip(b' \t\r\n').decode('latin-1')))
         if len(headers) > MAX_HEADERS:
             raise ValueError(f'more than {MAX_HEADERS} headers; send fewer')
-    message = OldMessage()
-    message._headers = headers      # what email's parser would have filled, without its feed parser
-    return message
+    return RequestHead(headers)
 
 
 # A body read only in part leaves the connection mid-message: whatever follows would be parsed as

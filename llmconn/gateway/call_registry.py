@@ -97,7 +97,8 @@ def of(gw: Any, key: Any) -> Registry:
 
 
 def remember(gw: Any, key: Any, steps: list[dict], tag: str) -> None:
-    of(gw, key).remember(steps, tag)
+    if canon.calls(steps):      # an answer without calls keeps nothing: no registry to look up for it
+        of(gw, key).remember(steps, tag)
 
 
 def forget(gw: Any, tenant: str, call_ids: list[str]) -> None:
@@ -114,6 +115,8 @@ def remember_answer(gw: Any, call: Any, answer: dict) -> None:
 
 def restore(gw: Any, key: Any, items: list[dict]) -> list[dict]:
     """Chat ``items`` with each assistant message's calls (and its text) replaced by the stored answer, if any."""
+    if all(item.get('message') is None for item in items):
+        return items        # no assistant message made calls: nothing stored could stand in for one
     groups: list[list[dict]] = []
     for item in items:
         group = item.get('message')

@@ -25,28 +25,50 @@ def _digest(secret: str) -> bytes:
     return hashlib.sha256(secret.encode('utf-8', 'surrogatepass')).digest()
 
 
-# The keys' digests of the configuration last asked (a reload brings a new one): (conf, digests).
-_digests: tuple = (None, ())
+class _KeyTable:
+    """The keys of one ``gateway:`` section: their digests, and the tokens already found to be one of them.
+
+    Made again for each new configuration (a reload brings a new, frozen one), so a removed or changed
+    key is never found from here. Only tokens that matched are kept, at most :data:`FOUND_MAX`: a wrong
+    token is compared with every digest each time, and a hit tells no more than the answer does.
+    """
+
+    __slots__ = ('conf', 'digests', 'found')
+
+    def __init__(self, conf: GatewayConfig) -> None:
+        self.conf = conf
+        self.digests = tuple(_digest(key.secret.get_secret_value()) for key in conf.keys)
+        self.found: dict[str, GatewayKey] = {}
 
 
-def _key_digests(conf: GatewayConfig) -> tuple:
-    global _digests
-    cached = _digests
-    if cached[0] is not conf:
-        cached = _digests = (conf, tuple(_digest(key.secret.get_secret_value()) for key in conf.keys))
-    return cached[1]
+FOUND_MAX = 1024        # tokens remembered per configuration (a key each: a handful in practice)
+_table: _KeyTable | None = None     # of the configuration last asked
+
+
+def _table_of(conf: GatewayConfig) -> _KeyTable:
+    global _table
+    table = _table
+    if table is None or table.conf is not conf:
+        table = _table = _KeyTable(conf)
+    return table
 
 
 def find_key(conf: GatewayConfig, token: str) -> GatewayKey:
     """The key whose secret is ``token``; 401 (OpenAI's shape) when none is."""
+    table = _table_of(conf)
+    known = table.found.get(token)
+    if known is not None:
+        return known
     # Digests, so every comparison is of equal length (compare_digest leaks a length mismatch), and every
     # key is compared, found or not, so the time taken does not tell how far the search went.
     given = _digest(token)
     found = None
-    for key, digest in zip(conf.keys, _key_digests(conf)):
+    for key, digest in zip(conf.keys, table.digests):
         if hmac.compare_digest(given, digest) and found is None:
             found = key
     if found is None or not token:
         raise GatewayError('Incorrect API key provided. Send a gateway key as "Authorization: Bearer <key>".',
                            401, type='invalid_request_error', code='invalid_api_key')
+    if len(table.found) < FOUND_MAX:
+        table.found[token] = found
     return found
