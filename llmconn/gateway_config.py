@@ -61,7 +61,7 @@ class KeyLimits(_Frozen):
 
     @property
     def enabled(self) -> bool:
-        return any(v is not None for v in (self.rpm, self.tpm, self.budget_usd))
+        return self.rpm is not None or self.tpm is not None or self.budget_usd is not None
 
 
 _WHOLE = {'rpm': 'requests per minute', 'tpm': 'tokens per minute'}

@@ -181,15 +181,17 @@ class Handler(WSGIHandler):
             raise ValueError('both Content-Length and Transfer-Encoding; send one of them')
         return headers
 
-    def _headers(self):
+    def _headers(self) -> list[tuple[str, str]]:
         # pywsgi's formats each parsed header as a "Name: value" line and splits it again; the head's
         # lines are pairs already (read_headers refuses folded lines, the one thing its loop joined).
+        out = []
         for name, value in self.headers._headers:
             if '_' in name:         # as pywsgi: a name with an underscore could pose as another's variable
                 continue
             key = name.replace('-', '_').upper()
             if key not in ('CONTENT_TYPE', 'CONTENT_LENGTH'):
-                yield 'HTTP_' + key, value.strip()
+                out.append(('HTTP_' + key, value.strip()))
+        return out
 
     def get_environ(self) -> dict:
         environ = super().get_environ()
@@ -319,7 +321,8 @@ def default_max_connections(wanted: int) -> int:
 
 MAX_HEADERS = 100               # as http.client allows
 MAX_HEADER_LINE = 65536         # bytes, as http.client allows
-_HEADER_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")      # RFC 9110 token
+# A name that is an RFC 9110 token, its colon, the value (latin-1 text: a byte each)
+_HEADER_LINE = re.compile(r"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):(.*)", re.S)
 
 
 class RequestHead(OldMessage):
@@ -372,12 +375,14 @@ def read_headers(fp) -> RequestHead:
             raise ValueError('a header line is longer than 65536 bytes; send shorter headers')
         if line in (b'\r\n', b'\n', b''):
             break
-        if line[:1] in (b' ', b'\t'):
-            raise ValueError('a folded header line (one that starts with a space); send each header on one line')
-        name, colon, value = line.partition(b':')
-        if not colon or not _HEADER_NAME.fullmatch(name):
+        matched = _HEADER_LINE.match(line.decode('latin-1'))
+        if matched is None:
+            if line[:1] in (b' ', b'\t'):
+                raise ValueError('a folded header line (one that starts with a space); send each header on '
+                                 'one line')
             raise ValueError('a malformed header line; send "Name: value" lines')
-        headers.append((name.decode('latin-1'), value.strip(b' \t\r\n').decode('latin-1')))
+        name, value = matched.groups()
+        headers.append((name, value.strip(' \t\r\n')))
         if len(headers) > MAX_HEADERS:
             raise ValueError(f'more than {MAX_HEADERS} headers; send fewer')
     return RequestHead(headers)

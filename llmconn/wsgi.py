@@ -31,7 +31,6 @@ import logging
 import os
 import time as mod_time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Callable, Iterable, Iterator
 
 from gevent import GreenletExit, Timeout
@@ -89,7 +88,7 @@ class App:
             self.active -= 1        # no body to close: nothing else would count this request out
             raise
         tally.status = status
-        return _Tracked(body, partial(self._finished, tally))
+        return _Tracked(body, self, tally)
 
     def _finished(self, tally: observe.RequestTally) -> None:
         self.active -= 1
@@ -237,21 +236,29 @@ GATEWAY_PREFIX = '/v1/'
 _GATEWAY_LABELS = {p: p for p in ('v1/responses', 'v1/chat/completions', 'v1/models')}
 
 
+_routes_handle: Callable | None = None      # llmconn.gateway.routes.handle, once a /v1/ request loaded it
+
+
 def _gateway(registry: Any, environ: dict, method: str, path: str, cid: str) -> tuple:
     # Only servers asked for /v1/ load the gateway (and only a WebSocket upgrade its WebSocket mode).
-    if environ.get('HTTP_UPGRADE', '').strip().lower() == 'websocket':
+    global _routes_handle
+    if 'HTTP_UPGRADE' in environ and environ['HTTP_UPGRADE'].strip().lower() == 'websocket':
         from llmconn.gateway.responses_ws import handle
-    else:
-        from llmconn.gateway.routes import handle
-    return handle(registry, environ, method, path, cid)
+        return handle(registry, environ, method, path, cid)
+    if _routes_handle is None:
+        from llmconn.gateway.routes import handle as _routes_handle
+    return _routes_handle(registry, environ, method, path, cid)
 
 
 class _Tracked:
     """A response body that reports when the server is done with it (sent, or the client left)."""
 
-    def __init__(self, body: Iterable[bytes], on_close) -> None:
+    __slots__ = ('body', 'app', 'tally')
+
+    def __init__(self, body: Iterable[bytes], app: App, tally: observe.RequestTally) -> None:
         self.body = body
-        self.on_close = on_close
+        self.app = app
+        self.tally = tally
 
     def __iter__(self) -> Iterator[bytes]:
         return iter(self.body)
@@ -262,7 +269,7 @@ class _Tracked:
             if close is not None:
                 close()
         finally:
-            self.on_close()
+            self.app._finished(self.tally)
 
 
 def parse_json(raw: bytes) -> Any:

@@ -115,7 +115,10 @@ def remember_answer(gw: Any, call: Any, answer: dict) -> None:
 
 def restore(gw: Any, key: Any, items: list[dict]) -> list[dict]:
     """Chat ``items`` with each assistant message's calls (and its text) replaced by the stored answer, if any."""
-    if all(item.get('message') is None for item in items):
+    for item in items:
+        if item.get('message') is not None:
+            break
+    else:
         return items        # no assistant message made calls: nothing stored could stand in for one
     groups: list[list[dict]] = []
     for item in items:

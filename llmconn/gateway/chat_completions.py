@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-import secrets
+import os
 import time as mod_time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -51,7 +51,7 @@ class ChatCall:
     downgrades: list
     tools: tuple = ()
     hosted: tuple = ()
-    id: str = field(default_factory=lambda: 'chatcmpl-' + secrets.token_hex(16))
+    id: str = field(default_factory=lambda: 'chatcmpl-' + os.urandom(16).hex())     # secrets.token_hex's bytes
     created: int = field(default_factory=lambda: int(mod_time.time()))
     fallbacks: tuple = ()           # the connections that may take it over (llmconn.gateway.fallbacks)
     served: Any = None              # the fallback that answered, once one took the call over

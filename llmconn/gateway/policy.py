@@ -33,7 +33,7 @@ class Policy:
     @classmethod
     def parse(cls, raw: Any) -> 'Policy':
         if raw is None:
-            return cls()
+            return NO_LOSSES
         if not isinstance(raw, dict) or set(raw) - {'allow_lossy', 'allowed_losses'}:
             raise GatewayError('fallback_policy must be {"allow_lossy": bool, "allowed_losses": [loss, ...]}',
                                param='fallback_policy')
@@ -49,6 +49,9 @@ class Policy:
 
     def allows(self, loss: str) -> bool:
         return bool(loss) and self.allow_lossy and loss in self.allowed_losses
+
+
+NO_LOSSES = Policy()     # a request without fallback_policy (frozen: one for all of them)
 
 
 @dataclass

@@ -28,6 +28,7 @@ from llmconn.errors import (GatewayError, InvalidInput, LimitExceeded, LLMAuthEr
                             LLMRateLimited, LLMTimeout, StoreError, StructuredOutputError)
 from llmconn.gateway import chat_completions, compact, dispatch, fallbacks, forget, input_items, limits, responses
 from llmconn.gateway import response_objects, shapes
+from llmconn.gateway.backend import check_usable
 from llmconn.gateway.capabilities import CHAT, RESPONSES
 from llmconn.gateway.echo import MAX_PARAM_CHARS, bounded, shown
 from llmconn.gateway.keys import GatewayConfig, bearer_token, find_key
@@ -66,7 +67,6 @@ class Gateway:
         if not key.may_use(model) or model not in self.registry:
             raise GatewayError(f'The model {shown(model)} does not exist or you do not have access to it.', 404,
                                param='model', code='model_not_found')
-        from llmconn.gateway.backend import check_usable
         conn = self.registry[model]
         check_usable(conn, model)
         return conn
