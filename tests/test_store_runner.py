@@ -83,15 +83,15 @@ def test_connections_a_restarted_redis_closed_cost_one_failed_send(redis_server,
     runner = store._runner
     try:
         _chat(store, unique, 'before')
-        held = [runner._checkout() for _ in range(3)]
+        held = [runner._held.take() for _ in range(3)]
         for conn in held:
             conn.send_command('PING')
             assert conn.read_response() in (b'PONG', 'PONG', True)
-        runner._free += [(conn, runner_module._monotonic()) for conn in held]
+        runner._held._free += [(conn, runner_module._monotonic()) for conn in held]
         redis_server.stop()
         redis_server.start()                    # same port, empty
         _chat(store, unique, 'after')
         assert [t.user for t in store.history(unique, 'c')] == ['after']
-        assert len(runner._free) == 1           # the fresh one
+        assert len(runner._held._free) == 1     # the fresh one
     finally:
         store.close()

@@ -108,7 +108,7 @@ def echo_in_thread_b(runner) -> tuple[threading.Thread, list]:
 
 def in_one_place_each(runner) -> bool:
     """Every connection is on the free list once, or idle in the pool, never both."""
-    free = [conn for conn, _ in runner._free]
+    free = [conn for conn, _ in runner._held._free]
     return len(free) == len(set(free)) and not set(free) & set(runner.client.connection_pool._available_connections)
 
 
@@ -199,11 +199,11 @@ def test_threads_share_a_runner_while_it_is_closed_under_them(runner):
 def test_a_failed_send_leaves_alone_a_connection_another_thread_is_popping(runner, redis_server):
     # Thread "b" has loaded the free list and is about to pop; this thread's send fails on a connection
     # the server closed. What b pops must be b's alone, not also handed back to the pool and lent again.
-    older, dead = runner._checkout(), runner._checkout()
+    older, dead = runner._held.take(), runner._held.take()
     dead_id = ping(dead)
     ping(older)
     now = runner_module._monotonic()
-    runner._free = free = PausedList([(older, now), (dead, now)], 'b')
+    runner._held._free = free = PausedList([(older, now), (dead, now)], 'b')
     redis.Redis(port=redis_server.port).client_kill_filter(_id=dead_id)
     closed_by_server(dead)
     b, replies = echo_in_thread_b(runner)
@@ -217,13 +217,13 @@ def test_a_failed_send_leaves_alone_a_connection_another_thread_is_popping(runne
 
 
 def test_a_thread_that_finds_the_free_list_emptied_under_it_takes_a_pool_connection(runner):
-    conn = runner._checkout()
+    conn = runner._held.take()
     ping(conn)
-    runner._free = free = PausedList([(conn, runner_module._monotonic())], 'b')
+    runner._held._free = free = PausedList([(conn, runner_module._monotonic())], 'b')
     b, replies = echo_in_thread_b(runner)
     assert free.popping.wait(10)                    # b saw one connection on the list ...
-    mine = runner._checkout()                       # ... which this thread takes first
+    mine = runner._held.take()                      # ... which this thread takes first
     free.go.set()
     b.join(10)
-    runner._free.append((mine, runner_module._monotonic()))
+    runner._held._free.append((mine, runner_module._monotonic()))
     assert replies == [b'b'] and in_one_place_each(runner)

@@ -108,35 +108,16 @@ class PooledRunner(RedisRunner):
     connection error is retried once on a fresh connection (every store
     script is safe to send twice).
 
-    The runner also keeps the connections it checked out (a free list, as
-    many as calls ran at once) instead of handing each back to the pool
-    after every script: the pool's checkout and release, with their lock,
-    events and connection-count metrics, cost a chat call more than its
-    scripts' own packing. What that checkout checked is kept here: a
-    connection goes back on the list only in step (its whole reply read);
-    a broken one is handed back to the pool, and so is one the server closed
-    while it sat on the list for more than ``IDLE_CHECK_AFTER`` (a
-    zero-timeout select, where redis-py's ``can_read`` costs five times
-    more): whatever is not the fast path is the pool's own checkout (for
-    Sentinel, its master lookup). A connection back on the list for less is
-    sent on without that system call; if the server closed it meanwhile (a
-    restart), the send fails with nothing run, every connection that came
-    back before that failure (as old as it) is handed back when it is next
-    popped, and the one retry goes out on a fresh one. Each connection is one
-    thread's at a time: it is popped from the list (atomic, no lock) or lent
-    by the pool, and no other thread disconnects it - ``close`` drops only
-    those that nobody is using. A forked child
-    starts with an empty list (the pool starts over there too), emptied by a
-    fork hook rather than a ``getpid()`` per script. ``make bench`` measures
+    The runner also keeps the connections it checked out
+    (:class:`HeldConnections`) instead of handing each back to the pool
+    after every script. ``make bench`` measures
     the runner side by side with :class:`RedisRunner`.
     """
 
     def __init__(self, make: Callable[[float | None], Any], sources: dict[str, str],
                  socket_timeout: float) -> None:
         super().__init__(make, sources, socket_timeout)
-        self._free: list = []           # (connection, when it came back): held out of the pool, in step
-        self._stale_before = 0.0        # one back on the list before this (a connection error) is handed back
-        _pooled.add(self)
+        self._held = HeldConnections(self.client)
 
     def script(self, name: str, keys: tuple, args: tuple) -> Any:
         script = self._scripts[name]
@@ -159,8 +140,9 @@ class PooledRunner(RedisRunner):
     def _send(self, sha: str, keys: tuple, args: tuple, wait: tuple = ()) -> Any:
         """EVALSHA (then ``WAIT *wait`` in the same send): its reply, or (reply, acks)."""
         evalsha = ('EVALSHA', sha, len(keys), *keys, *args)
+        held = self._held
         for attempt in (1, 2):
-            conn = self._checkout()
+            conn = held.take()
             try:
                 if not wait:
                     conn.send_packed_command(packed(conn, evalsha))
@@ -169,31 +151,65 @@ class PooledRunner(RedisRunner):
                     conn.send_packed_command(packed(conn, evalsha, ('WAIT', *wait)))
                     result = _two_replies(conn)
             except (RedisConnectionError, RedisTimeoutError) as exc:
-                self._discard(conn)
+                held.broken(conn, exc)
                 if attempt == 2:
                     raise
-                if isinstance(exc, RedisConnectionError):
-                    # The others went stale with it. Each is handed back by the thread that pops it:
-                    # other threads may be popping from the list now, so it is not emptied here.
-                    self._stale_before = _monotonic()
                 continue
             except ResponseError:
-                self._free.append((conn, _monotonic()))     # a clean error reply: the connection is in step
+                held.keep(conn)             # a clean error reply: the connection is in step
                 raise
             except BaseException:
-                self._discard(conn)         # a greenlet killed mid-read: never reuse half a reply
+                held.drop(conn)             # a greenlet killed mid-read: never reuse half a reply
                 raise
-            self._free.append((conn, _monotonic()))
+            held.keep(conn)
             return result
         raise AssertionError('unreachable')
 
-    def _checkout(self) -> Any:
+    def close(self) -> None:
+        self._held.close()
+        self.client.connection_pool.disconnect(inuse_connections=False)
+        self._blocking.connection_pool.disconnect()
+
+
+class HeldConnections:
+    """Connections of a redis-py client's pool, checked out once and kept in step for the hot path's sends.
+
+    The pool's checkout and release, with their lock, events and
+    connection-count metrics, cost a call more than its commands' own
+    packing; so a connection once lent stays out of the pool, on a free list
+    (as many as calls ran at once). What that checkout checked is kept here:
+    a connection goes back on the list only in step (its whole reply read,
+    :meth:`keep`); a broken one is handed back to the pool (:meth:`drop`),
+    and so is one the server closed while it sat on the list for more than
+    ``IDLE_CHECK_AFTER`` (a zero-timeout select, where redis-py's
+    ``can_read`` costs five times more): whatever is not the fast path is
+    the pool's own checkout (for Sentinel, its master lookup). A connection
+    back on the list for less is sent on without that system call; if the
+    server closed it meanwhile (a restart), the send fails with nothing run,
+    every connection that came back before that failure (as old as it) is
+    handed back when it is next popped (:meth:`broken`), and the caller's one
+    retry goes out on a fresh one. Each connection is one thread's at a
+    time: it is popped from the list (atomic, no lock) or lent by the pool,
+    and no other thread disconnects it - :meth:`close` drops only those that
+    nobody is using. A forked child starts with an empty list (the pool
+    starts over there too), emptied by a fork hook rather than a
+    ``getpid()`` per send.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self._pool = client.connection_pool
+        self._free: list = []           # (connection, when it came back): held out of the pool, in step
+        self._stale_before = 0.0        # one back on the list before this (a connection error) is handed back
+        _held.add(self)
+
+    def take(self) -> Any:
+        """A connection to send on: the newest kept one still good, else the pool's."""
         free = self._free
         while True:
             try:
                 conn, since = free.pop()        # atomic: two threads never get the same connection
             except IndexError:
-                return self.client.connection_pool.get_connection()
+                return self._pool.get_connection()
             if since > self._stale_before:
                 if _monotonic() - since < IDLE_CHECK_AFTER:
                     return conn
@@ -206,51 +222,64 @@ class PooledRunner(RedisRunner):
                     stale = True
                 if not stale:
                     return conn
-            self._discard(conn)
+            self.drop(conn)
 
-    def _discard(self, conn: Any) -> None:
-        """Hand a broken connection back to the pool, which reconnects it (for Sentinel: to the master
-        it finds now) when it lends it again."""
+    def keep(self, conn: Any) -> None:
+        """``conn`` is in step (every reply it was sent read): back on the free list."""
+        self._free.append((conn, _monotonic()))
+
+    def broken(self, conn: Any, exc: Exception) -> None:
+        """``conn`` failed with ``exc``; a connection error makes every older kept connection suspect."""
+        self.drop(conn)
+        if isinstance(exc, RedisConnectionError):
+            # The others went stale with it. Each is handed back by the thread that pops it:
+            # other threads may be popping from the list now, so it is not emptied here.
+            self._stale_before = _monotonic()
+
+    def drop(self, conn: Any) -> None:
+        """Hand a connection back to the pool disconnected, which reconnects it (for Sentinel: to the
+        master it finds now) when it lends it again."""
         conn.disconnect()
-        self.client.connection_pool.release(conn)
+        self._pool.release(conn)
 
     def close(self) -> None:
-        # Only what no thread is using is disconnected: a call in flight reads its reply whole (a
-        # socket closed under its read would fail it inside redis-py), then its connection comes back
-        # to a closed list, which hands it back to the pool disconnected.
+        """Disconnect the kept connections; one in use comes back to a closed list, which drops it.
+
+        Only what no thread is using is disconnected: a call in flight reads its reply whole (a
+        socket closed under its read would fail it inside redis-py), then its connection comes back
+        to a closed list, which hands it back to the pool disconnected.
+        """
         free, self._free = self._free, _ClosedList(self)
         while True:
             try:
                 conn, _ = free.pop()
             except IndexError:
                 break
-            self._discard(conn)
-        self.client.connection_pool.disconnect(inuse_connections=False)
-        self._blocking.connection_pool.disconnect()
+            self.drop(conn)
 
 
 class _ClosedList(list):
-    """A closed runner's free list: whatever comes back to it is handed back to the pool, disconnected."""
+    """A closed free list: whatever comes back to it is handed back to the pool, disconnected."""
 
-    def __init__(self, runner: PooledRunner) -> None:
+    def __init__(self, held: HeldConnections) -> None:
         super().__init__()
-        self._runner = runner
+        self._held = held
 
     def append(self, item: tuple) -> None:
-        self._runner._discard(item[0])
+        self._held.drop(item[0])
 
 
 # An argument at least this long is packed without the copy that formatting it would make.
 BIG_ARGUMENT = 64 * 1024
 
-# Runners of this process, so a forked child starts with empty free lists: its parent's sockets
-# are not its own (and a getpid() per script, the other way to tell, is a system call each).
-_pooled: 'weakref.WeakSet[PooledRunner]' = weakref.WeakSet()
+# Free lists of this process, so a forked child starts with empty ones: its parent's sockets
+# are not its own (and a getpid() per send, the other way to tell, is a system call each).
+_held: 'weakref.WeakSet[HeldConnections]' = weakref.WeakSet()
 
 
 def _forget_parent_connections() -> None:
-    for runner in list(_pooled):
-        runner._free = []
+    for held in list(_held):
+        held._free = []
 
 
 os.register_at_fork(after_in_child=_forget_parent_connections)
@@ -336,4 +365,4 @@ def _script_and_wait(client: Any, script: Any, keys: tuple, args: tuple, replica
     raise AssertionError('unreachable')
 
 
-__all__ = ['packed', 'PooledRunner', 'RedisRunner', 'Runner', 'SentinelRunner']
+__all__ = ['HeldConnections', 'packed', 'PooledRunner', 'RedisRunner', 'Runner', 'SentinelRunner']
