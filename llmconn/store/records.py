@@ -36,7 +36,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmconn import jsontext
 from llmconn.errors import StoreError
-from llmconn.store.runner import packed
+from llmconn.store.runner import HeldConnections, packed
 
 if TYPE_CHECKING:
     from llmconn.store.history import ChatStore
@@ -106,6 +106,7 @@ class RecordStore:
     def __init__(self, store: 'ChatStore') -> None:
         self._client = burst_client(store)
         self._own_pool = self._client is not store.client
+        self._held = HeldConnections(self._client) if self._own_pool else None
 
     @property
     def client(self) -> Any:
@@ -139,18 +140,19 @@ class RecordStore:
         redis-py's pipeline object costs more CPU than the second command's round trip would, and
         its client's path for one command (its argument parsing, encoder and observability hooks)
         several times what the command's own packing and reading cost: for redis-py's own
-        connection classes the commands are packed and read here, on a connection of the client's
-        pool (its checkout keeps AUTH, TLS, health checks and a Sentinel's master lookup); a broken
-        connection is retried once on a fresh one, as the client's own retry does.
+        connection classes the commands are packed and read here, on a connection the records keep
+        out of the client's pool once lent (:class:`~llmconn.store.runner.HeldConnections`; the
+        pool's checkout keeps AUTH, TLS and health checks); a broken connection is retried once on a
+        fresh one, as the client's own retry does.
         """
-        pool = self._client.connection_pool
         if not self._own_pool:
             pipe = self._client.pipeline(transaction=False)
             for command in commands:
                 pipe.execute_command(*command)
             return pipe.execute(raise_on_error=False)
+        held = self._held
         for attempt in (1, 2):
-            conn = pool.get_connection()
+            conn = held.take()
             try:
                 conn.send_packed_command(packed(conn, *commands))
                 replies = []
@@ -159,16 +161,15 @@ class RecordStore:
                         replies.append(conn.read_response())
                     except ResponseError as e:      # an error reply: the connection stays in step
                         replies.append(e)
-            except (RedisConnectionError, RedisTimeoutError):
-                conn.disconnect()
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                held.broken(conn, exc)
                 if attempt == 2:
                     raise
                 continue
             except BaseException:
-                conn.disconnect()           # never reuse half a reply
+                held.drop(conn)             # never reuse half a reply
                 raise
-            finally:
-                pool.release(conn)
+            held.keep(conn)
             return replies
         raise AssertionError('unreachable')
 
@@ -229,7 +230,8 @@ class RecordStore:
     def close(self) -> None:
         """Drop the connections of this store's own pool (the chat store closes its own)."""
         if self._own_pool:
-            self._client.connection_pool.disconnect()
+            self._held.close()
+            self._client.connection_pool.disconnect(inuse_connections=False)
 
 
 def _text(raw: Any) -> str | None:
