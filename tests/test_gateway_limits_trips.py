@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import io
 import json
+import re
 import time
 
 import pytest
@@ -30,8 +31,24 @@ KEYS = {
 }
 
 
+MINUTE_ROOM = 12       # seconds a test's requests may take: its counts stay within one minute of Redis's clock
+
+
+def clear_of_the_minute_edge(redis_server) -> None:
+    """Wait for the next minute when this one (by Redis's clock) ends within ``MINUTE_ROOM`` s.
+
+    The rpm and tpm counters start again each minute: a test counting them across the edge would
+    count the requests after it only.
+    """
+    seconds, micros = redis.Redis.from_url(redis_server.url).time()
+    left = 60 - (seconds % 60 + micros / 1e6)
+    if left < MINUTE_ROOM:
+        time.sleep(left + 0.05)
+
+
 @pytest.fixture
 def gateway(redis_server, provider):
+    clear_of_the_minute_edge(redis_server)
     registry = Registry.from_dict({
         'redis': {'url': redis_server.url},
         'gateway': {'keys': [{'id': f'key-{name}', 'secret': secret, 'tenant': 't', 'models': ['*'],
@@ -179,6 +196,7 @@ def test_a_reserve_expires_and_goes_back_to_its_minute(gateway, redis_server):
 
 
 def test_a_reserve_is_never_taken_near_the_rpm(redis_server, provider):
+    clear_of_the_minute_edge(redis_server)
     registry = Registry.from_dict({
         'redis': {'url': redis_server.url},
         'gateway': {'keys': [{'id': 'key-near', 'secret': KEYS['limited'][0], 'tenant': 't', 'models': ['*'],
@@ -212,15 +230,54 @@ def test_responses_with_limits_cost_no_round_trip_more_than_without(gateway, mon
     for kw in ({}, {'stream': True}, {'store': False}):
         time.sleep(limits.RESERVE_LIFETIME + 0.05)      # no reserve: each admission rides its record
         free = trips.count(lambda: calls('free', **kw))
-        assert free == 2 * N, kw                   # the record in_progress, then its ending
+        assert free == 2 * N, kw                   # Redis reached (a stream's record in_progress), the ending
         assert trips.count(lambda: calls('limited', **kw)) == free, kw
-    # Admitted in the in_progress write, which carried the spend of the call before: only the last waits.
+    # Admitted in the first round trip, which carried the spend of the call before: only the last waits.
     window, spend = counters(redis_server, 'key-limited')
     held = lim._reserves['key-limited'].left if 'key-limited' in lim._reserves else 0     # counted while held
     assert int(window['r']) == 2 + 3 * N + held and int(window['t']) > 0 and int(spend['s']) > 0
     tokens, cost = kept_of(lim, 'key-limited')
     assert trips.count(lim.flush) == 1
     assert int(counters(redis_server, 'key-limited')[0]['t']) == int(window['t']) + tokens
+
+
+def recorded(sent: bytes) -> str:
+    """The status of the response record a round trip SET ('' for another command)."""
+    found = re.search(rb'"status": ?"(\w+)"', sent) if sent.startswith(b'*5\r\n$3\r\nSET\r\n') else None
+    return found.group(1).decode() if found else ''
+
+
+def test_a_plain_response_asks_redis_to_answer_before_the_provider_and_writes_its_record_once(
+        gateway, monkeypatch):
+    # Nobody has a plain response's id before its ending, so an in_progress record would be read by
+    # no one: a PING shows Redis answers (an outage costs no tokens), the record is written once.
+    # A stream's client has its id from response.created on: its record is in_progress first.
+    trips = Trips(monkeypatch)
+    respond(gateway, 'free')
+    assert trips.count(lambda: respond(gateway, 'free')) == 2
+    ping, ending = trips.sent
+    assert ping == b'*1\r\n$4\r\nPING\r\n' and recorded(ending) == 'completed'
+    assert trips.count(lambda: respond(gateway, 'free', stream=True)) == 2
+    assert [recorded(sent) for sent in trips.sent] == ['in_progress', 'completed']
+    # A response that continues another read its record a moment ago: Redis answered, no PING.
+    _, _, body = respond(gateway, 'free')
+    previous = json.loads(body)['id']
+    trips.count(lambda: respond(gateway, 'free', previous_response_id=previous))
+    commands = [sent.split(b'\r\n')[2] for sent in trips.sent]
+    assert b'GET' in commands and b'PING' not in commands and recorded(trips.sent[-1]) == 'completed'
+
+
+def test_a_plain_response_with_redis_down_is_a_503_before_the_provider(gateway, redis_server, provider):
+    respond(gateway, 'free')
+    asked = len(provider.requests)
+    redis_server.stop()
+    try:
+        status, _, body = respond(gateway, 'free')
+    finally:
+        redis_server.start()
+    assert status == 503 and b'store' in body
+    assert len(provider.requests) == asked      # no tokens spent on a response that could not be recorded
+    assert respond(gateway, 'free')[0] == 200
 
 
 def test_a_response_that_reaches_the_budget_writes_its_spend_with_its_ending(gateway, monkeypatch, redis_server):

@@ -5,8 +5,11 @@ one ``/v1/responses`` call: :mod:`.dispatch` puts it in the call's spec and
 :meth:`Connection.run <llmconn.connection.Connection.run>` tells it how the
 call goes, so a record is saved exactly where a chat turn would be::
 
-    started     in_progress, before the provider is reached: a store outage costs no tokens
-                (a key with limits is admitted in the same round trip; refused, the record goes again)
+    started     before the provider is reached, so a store outage costs no tokens: a stream's record
+                in_progress (its client has the id from response.created on; a key with limits is
+                admitted in the same round trip; refused, the record goes again); a plain response's
+                id is known to nobody before its ending, so Redis is only asked to answer: the key's
+                admission, else a PING, else nothing when the call read its previous response's record
     ended       completed / incomplete, before the answer (or response.completed) goes out: a client
                 that has it can continue from its id at once, on any gateway process sharing the Redis
     failed      failed, a backend that fails before its first event included (the error's code only,
@@ -54,15 +57,21 @@ class Ending:
 class ResponseRecord:
     """The record of one Responses call; ``normalizer`` is its stream's, once it has one."""
 
-    def __init__(self, gw: Any, call: Call, admission: Any = None) -> None:
+    def __init__(self, gw: Any, call: Call, admission: Any = None, streamed: bool = False) -> None:
         self.gw = gw
         self.call = call
         self.admission = admission          # the key's limits (llmconn.gateway.limits), None without
+        self.streamed = streamed
         self.normalizer: ResponseEvents | None = None
         self.ending: Ending | None = None
 
     def started(self) -> None:
         gw, call, adm = self.gw, self.call, self.admission
+        if not self.streamed:
+            rider = adm.admit_rider() if adm is not None else None
+            if rider is not None or call.previous is None:      # else Redis answered this request already
+                gw.ledger.reach(rider)
+            return
         try:
             gw.ledger.save(record(call, 'in_progress', None, []), call.expiry,
                            rider=adm.admit_rider() if adm is not None else None)

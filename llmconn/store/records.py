@@ -134,6 +134,24 @@ class RecordStore:
         if isinstance(stored, Exception):
             _run(_raise, stored)
 
+    def reach(self, rider: Any = None) -> None:
+        """Make sure Redis answers, before a call it cannot record would be paid for.
+
+        ``rider``'s command (a key's admission) is that proof when it has one to send; otherwise a
+        ``PING``. Raises :class:`~llmconn.errors.StoreError` when Redis does not answer.
+        """
+        extra = rider.command() if rider is not None else None
+        try:
+            reply, = _run(self._send, extra or ('PING',))
+        except BaseException:
+            if extra is not None:
+                rider.failed()
+            raise
+        if extra is not None:
+            rider.answer(reply)
+        elif isinstance(reply, Exception):
+            _run(_raise, reply)
+
     def _send(self, *commands: tuple) -> list:
         """The commands in one send; each reply, or the error reply it was (raised for a broken connection).
 
