@@ -24,6 +24,7 @@ the hot path's connections are never tied up by waiters.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import weakref
 from typing import Any, Callable, Protocol
@@ -188,7 +189,10 @@ class HeldConnections:
     server closed it meanwhile (a restart), the send fails with nothing run,
     every connection that came back before that failure (as old as it) is
     handed back when it is next popped (:meth:`broken`), and the caller's one
-    retry goes out on a fresh one. Each connection is one thread's at a
+    retry goes out on a fresh one. A pool that makes a thread wait for a
+    connection (a blocking pool at its size) gets back the next one a thread
+    is done with, so a burst beyond the pool's size queues rather than
+    starves. Each connection is one thread's at a
     time: it is popped from the list (atomic, no lock) or lent by the pool,
     and no other thread disconnects it - :meth:`close` drops only those that
     nobody is using. A forked child starts with an empty list (the pool
@@ -200,16 +204,34 @@ class HeldConnections:
         self._pool = client.connection_pool
         self._free: list = []           # (connection, when it came back): held out of the pool, in step
         self._stale_before = 0.0        # one back on the list before this (a connection error) is handed back
+        self._waiting = 0               # threads asking the pool for a connection now
+        self._lock = threading.Lock()
         _held.add(self)
 
     def take(self) -> Any:
         """A connection to send on: the newest kept one still good, else the pool's."""
+        conn = self._kept()
+        if conn is not None:
+            return conn
+        # The pool may make this thread wait (a blocking pool at its size): one coming back is then
+        # handed to the pool rather than kept (see keep), and the list is looked at once more after
+        # saying so, in case it was kept just before.
+        with self._lock:
+            self._waiting += 1
+        try:
+            conn = self._kept()
+            return conn if conn is not None else self._pool.get_connection()
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+    def _kept(self) -> Any:
         free = self._free
         while True:
             try:
                 conn, since = free.pop()        # atomic: two threads never get the same connection
             except IndexError:
-                return self._pool.get_connection()
+                return None
             if since > self._stale_before:
                 if _monotonic() - since < IDLE_CHECK_AFTER:
                     return conn
@@ -225,8 +247,12 @@ class HeldConnections:
             self.drop(conn)
 
     def keep(self, conn: Any) -> None:
-        """``conn`` is in step (every reply it was sent read): back on the free list."""
-        self._free.append((conn, _monotonic()))
+        """``conn`` is in step (every reply it was sent read): back on the free list, or to the pool
+        when a thread waits there for one."""
+        if self._waiting:
+            self._pool.release(conn)
+        else:
+            self._free.append((conn, _monotonic()))
 
     def broken(self, conn: Any, exc: Exception) -> None:
         """``conn`` failed with ``exc``; a connection error makes every older kept connection suspect."""
