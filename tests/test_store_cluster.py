@@ -147,3 +147,14 @@ def test_a_master_killed_mid_conversation(cluster, store, unique):
     except StoreError:
         pass
 
+
+
+def test_the_gateway_records_reach_write_and_read_on_a_cluster(store, unique):
+    # A plain response asks Redis to answer before its provider: a cluster's PING is the client's own.
+    from llmconn.store.records import RecordStore, new_response_id
+    records = RecordStore(store)
+    records.reach()
+    response_id = new_response_id()
+    record = {'tenant': unique, 'id': response_id, 'status': 'completed', 'output': []}
+    records.save(record, ttl=30)
+    assert records.get(unique, response_id) == record

@@ -141,16 +141,20 @@ class RecordStore:
         ``PING``. Raises :class:`~llmconn.errors.StoreError` when Redis does not answer.
         """
         extra = rider.command() if rider is not None else None
+        if extra is None:
+            if not self._own_pool:      # the client's own PING: a cluster's goes to a node of its own
+                _run(self._client.ping)
+                return
+            reply, = _run(self._send, ('PING',))
+            if isinstance(reply, Exception):
+                _run(_raise, reply)
+            return
         try:
-            reply, = _run(self._send, extra or ('PING',))
+            reply, = _run(self._send, extra)
         except BaseException:
-            if extra is not None:
-                rider.failed()
+            rider.failed()
             raise
-        if extra is not None:
-            rider.answer(reply)
-        elif isinstance(reply, Exception):
-            _run(_raise, reply)
+        rider.answer(reply)
 
     def _send(self, *commands: tuple) -> list:
         """The commands in one send; each reply, or the error reply it was (raised for a broken connection).
