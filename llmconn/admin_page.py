@@ -186,14 +186,18 @@ def limits_table(registry: Any) -> str:
 
 
 def usage_table(rows: list[dict]) -> str:
-    """One row per day, connection, model and gateway key; the Key column only when a row has a key."""
+    """One row per day, connection, model and gateway key; the Key column only when a row has a key, the
+    Failovers column (calls of the connection that moved on to a fallback) only when one has any."""
     keyed = any(r['key'] for r in rows)
+    counters = list(TABLE_COUNTERS)
+    if any(r.get('failovers') for r in rows):
+        counters.insert(counters.index(('errors', 'Errors')) + 1, ('failovers', 'Failovers'))
     head = '<tr><th>Day</th><th>Connection</th><th>Model</th>' + ('<th>Key</th>' if keyed else '') + \
-           ''.join(f'<th>{title}</th>' for _, title in TABLE_COUNTERS) + '<th>Cost (USD)</th></tr>'
+           ''.join(f'<th>{title}</th>' for _, title in counters) + '<th>Cost (USD)</th></tr>'
     body = ''.join(
         f'<tr><td>{r["day"]}</td><td>{escape(r["connection"])}</td><td>{escape(r["model"])}</td>'
         + (f'<td>{escape(r["key"])}</td>' if keyed else '')
-        + ''.join(f'<td class="n">{r.get(c, 0)}</td>' for c, _ in TABLE_COUNTERS)
+        + ''.join(f'<td class="n">{r.get(c, 0)}</td>' for c, _ in counters)
         + f'<td class="n">{usd(r.get("cost", 0))}</td></tr>' for r in reversed(rows))
     return f'<table id="usage-table">{head}{body}</table>'
 

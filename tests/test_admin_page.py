@@ -128,6 +128,16 @@ def test_the_usage_table_has_a_key_column_when_gateway_keys_counted():
     assert keyed.count('<td></td>') == 1        # the row without a key: an empty cell, columns in line
 
 
+def test_the_usage_table_shows_failovers_when_a_connection_had_any():
+    from llmconn.admin_page import usage_table
+    row = {'day': '2026-12-01', 'connection': 'C', 'model': 'm', 'key': '', 'calls': 4, 'errors': 1,
+           'failovers': 0, 'input_tokens': 2, 'output_tokens': 3, 'tool_calls': 0}
+    assert '<th>Failovers</th>' not in usage_table([row])
+    table = usage_table([row, dict(row, connection='Primary', failovers=3)])
+    assert '<th>Errors</th><th>Failovers</th><th>Input</th>' in table
+    assert '<td>Primary</td><td>m</td><td class="n">4</td><td class="n">1</td><td class="n">3</td>' in table
+
+
 def test_a_store_that_is_down_shows_its_error_in_the_page(tmp_path, provider, unique):
     from conftest import free_port
     registry = Registry.from_file(_config(tmp_path, f'redis://127.0.0.1:{free_port()}/0', provider, unique))

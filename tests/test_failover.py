@@ -17,6 +17,7 @@ import pytest
 from llmconn import Attachment, ChatBusy, ConfigError, LLMError, observe
 from llmconn.config import load_dict
 from llmconn.store.keys import chat_keys
+from llmconn.admin_page import usage_table
 from llmconn.usage_report import format_table, read_usage
 from conftest import free_port
 from waiting import wait_until
@@ -343,6 +344,8 @@ def test_the_ledger_counts_the_call_under_who_answered_and_the_failover_under_wh
     primary = next(line.split() for line in table if f'{unique}-p ' in line)
     assert primary[header.index('FAILOVERS')] == '2'
     assert 'FAILOVERS' not in format_table([by[f'{unique}-chat']])
+    page = usage_table(list(by.values()))           # /admin's usage table, from the same rows
+    assert '<th>Errors</th><th>Failovers</th>' in page and 'Failovers' not in usage_table([by[f'{unique}-chat']])
 
 
 def test_a_call_no_fallback_answered_counts_as_a_failed_call_of_its_own_connection(make, provider, unique,
