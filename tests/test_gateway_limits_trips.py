@@ -12,6 +12,7 @@ import datetime
 import io
 import json
 import re
+import threading
 import time
 
 import pytest
@@ -28,6 +29,7 @@ KEYS = {
                                                 'budget_period': 'month'}),
     'free': ('sk-gw-trips-free-secret', {}),
     'daily': ('sk-gw-trips-daily-secret', {'budget_usd': 1000}),
+    'tight': ('sk-gw-trips-tight-secret', {'tpm': 1}),
 }
 
 
@@ -304,6 +306,30 @@ def test_a_responses_refusal_leaves_no_record(gateway, redis_server):
     status, headers, body = respond(gateway, 'limited')
     assert status == 429 and json.loads(body)['error']['code'] == 'insufficient_quota'
     assert set(client.scan_iter('llmconn:gw:resp:*')) == before
+
+
+def test_an_admission_waits_for_the_flush_that_is_writing_its_keys_spend(gateway, monkeypatch):
+    # The flush takes the kept spend off the list before its write lands: an admission of that key
+    # in between would run its script without the spend, and let one request past the tpm.
+    lim = _park_limits_flusher(gateway)
+    monkeypatch.setattr(lim, '_wake_flusher', lambda urgent: None)     # this test runs the flush itself
+    assert chat(gateway, 'tight')[0] == 200
+    assert kept_of(lim, 'key-tight')[0] > 1                  # past its tpm of 1, kept in the process
+    write, writing = lim.redis.settle_many, threading.Event()
+
+    def slow_write(calls):
+        writing.set()
+        time.sleep(0.3)
+        return write(calls)
+    monkeypatch.setattr(lim.redis, 'settle_many', slow_write)
+    flush = threading.Thread(target=lim.flush)
+    flush.start()
+    try:
+        assert writing.wait(5)
+        status, headers, body = chat(gateway, 'tight')      # while the spend is on its way to Redis
+    finally:
+        flush.join(5)
+    assert status == 429 and json.loads(body)['error']['type'] == 'tokens', body
 
 
 def test_a_kept_spend_is_written_by_the_flusher_within_its_interval(gateway, redis_server):

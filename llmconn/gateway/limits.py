@@ -236,6 +236,7 @@ class Limiter:
         self._plans: dict[str, Plan] = {}
         self._pending: dict[str, Kept] = {}         # key id -> what its next script writes
         self._reserves: dict[str, Reserve] = {}     # key id -> requests admitted ahead for this process
+        self._writing: frozenset = frozenset()      # key ids whose spend a flush is writing now
         self._lock = threading.Lock()
         self._flushing = threading.Lock()
         self._wake = threading.Event()
@@ -255,7 +256,14 @@ class Limiter:
     # -- what is kept in this process ------------------------------------------------------------
 
     def take(self, plan: Plan) -> Kept:
-        """What the key's next script writes (spend, unused reserve), now the caller's (or :meth:`give_back`)."""
+        """What the key's next script writes (spend, unused reserve), now the caller's (or :meth:`give_back`).
+
+        While a flush is writing the key's spend, the caller waits for it: the script it is about to
+        run would not see that spend otherwise (taken off the list, not in Redis yet).
+        """
+        if plan.key.id in self._writing:
+            with self._flushing:
+                pass
         if not self._pending:
             return NOTHING
         with self._lock:
@@ -372,10 +380,11 @@ class Limiter:
         with self._flushing:
             with self._lock:
                 pending, self._pending = self._pending, {}
+                self._writing = frozenset(pending)
             entries = [kept for kept in pending.values() if kept]
-            if not entries:
-                return True
             try:
+                if not entries:
+                    return True
                 self.redis.settle_many([(kept.plan.keys, kept.plan.run(kept, False)) for kept in entries])
             except StoreError as e:
                 for kept in entries:
@@ -385,6 +394,8 @@ class Limiter:
                                    'keeping it to retry: %s', len(entries), e)
                 self._failing = True
                 return False
+            finally:
+                self._writing = frozenset()
             if self._failing:
                 logger.warning('Gateway limits counted again after an outage')
             self._failing = False
@@ -434,7 +445,7 @@ class Limiter:
 
     def _after_fork(self) -> None:
         # The parent's spend and reserves are the parent's to write; this child starts empty.
-        self._pending, self._reserves = {}, {}
+        self._pending, self._reserves, self._writing = {}, {}, frozenset()
         self._lock, self._flushing = threading.Lock(), threading.Lock()
         self._wake, self._urgent = threading.Event(), threading.Event()
         self._thread = None
