@@ -4,8 +4,9 @@ The call goes through the connection's one entry (:mod:`llmconn.gateway.backend`
 :meth:`Connection.run <llmconn.connection.Connection.run>`), which checks it
 and keeps its record (:mod:`llmconn.gateway.recording`) at the points it
 would begin and save a chat: before the provider is reached (a stream's
-record ``in_progress``), the ending before ``done`` comes out of it. This module only turns what the
-call made into the answer: the Response object, or its stream of events.
+record ``in_progress``), the ending before ``done`` comes out of it. This
+module only turns what the call made into the answer: the Response object,
+or its stream of events.
 A client that goes away mid-stream makes the server close the body, which
 closes the call's events (the provider's stream, its HTTP connection), and
 the pipeline records the response ``cancelled``.
@@ -45,7 +46,7 @@ def stream(gw: Any, call: Call, encode: Callable[[dict], Any] = sse) -> Iterator
     The provider is reached (and may refuse) before this returns. The WebSocket mode
     (:mod:`llmconn.gateway.responses_ws`) encodes the same events as the text of its messages.
     """
-    rec = ResponseRecord(gw, call, limits.current(), streamed=True)
+    rec = ResponseRecord(gw, call, limits.current())
     events = _provider_events(call, True, rec)
     first = next(events)        # refused, unreachable or failed before its first event: recorded, raised
     # Made after the first event: a fallback that took the call over is named from response.created on.

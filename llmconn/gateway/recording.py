@@ -57,24 +57,22 @@ class Ending:
 class ResponseRecord:
     """The record of one Responses call; ``normalizer`` is its stream's, once it has one."""
 
-    def __init__(self, gw: Any, call: Call, admission: Any = None, streamed: bool = False) -> None:
+    def __init__(self, gw: Any, call: Call, admission: Any = None) -> None:
         self.gw = gw
         self.call = call
         self.admission = admission          # the key's limits (llmconn.gateway.limits), None without
-        self.streamed = streamed
         self.normalizer: ResponseEvents | None = None
         self.ending: Ending | None = None
 
     def started(self) -> None:
         gw, call, adm = self.gw, self.call, self.admission
-        if not self.streamed:
-            rider = adm.admit_rider() if adm is not None else None
+        rider = adm.admit_rider() if adm is not None else None
+        if not call.stream:
             if rider is not None or call.previous is None:      # else Redis answered this request already
                 gw.ledger.reach(rider)
             return
         try:
-            gw.ledger.save(record(call, 'in_progress', None, []), call.expiry,
-                           rider=adm.admit_rider() if adm is not None else None)
+            gw.ledger.save(record(call, 'in_progress', None, []), call.expiry, rider=rider)
         except LimitExceeded:
             self._forget_quietly()
             raise
