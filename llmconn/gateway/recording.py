@@ -8,8 +8,9 @@ call goes, so a record is saved exactly where a chat turn would be::
     started     before the provider is reached, so a store outage costs no tokens: a stream's record
                 in_progress (its client has the id from response.created on; a key with limits is
                 admitted in the same round trip; refused, the record goes again); a plain response's
-                id is known to nobody before its ending, so Redis is only asked to answer: the key's
-                admission, else a PING, else nothing when the call read its previous response's record
+                id is known to nobody before its ending, so Redis is only asked to answer: a PING
+                (the key's admission in the same send), or nothing when the call read its previous
+                response's record and has no admission to send
     ended       completed / incomplete, before the answer (or response.completed) goes out: a client
                 that has it can continue from its id at once, on any gateway process sharing the Redis
     failed      failed, a backend that fails before its first event included (the error's code only,

@@ -30,13 +30,11 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable
 
 import redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llmconn import jsontext
 from llmconn.errors import StoreError
-from llmconn.store.runner import HeldConnections, packed
+from llmconn.store.runner import HeldConnections
 
 if TYPE_CHECKING:
     from llmconn.store.history import ChatStore
@@ -121,40 +119,38 @@ class RecordStore:
         packed into one send on one of the records' connections.
         """
         key, value = response_key(record['tenant'], record['id']), jsontext.dumps(record)
-        extra = rider.command() if rider is not None else None
-        if extra is None:
-            self.put(key, value, ttl)
-            return
-        try:
-            stored, reply = _run(self._send, ('SET', key, value, 'PX', max(1, int(ttl * 1000))), extra)
-        except BaseException:
-            rider.failed()
-            raise
-        rider.answer(reply)
-        if isinstance(stored, Exception):
-            _run(_raise, stored)
+        self._with_rider(('SET', key, value, 'PX', max(1, int(ttl * 1000))), rider)
 
     def reach(self, rider: Any = None) -> None:
-        """Make sure Redis answers, before a call it cannot record would be paid for.
+        """Make sure Redis answers, before a call it cannot record would be paid for: a ``PING``, with
+        ``rider``'s command (a key's admission) in the same send. Raises
+        :class:`~llmconn.errors.StoreError` when Redis does not answer."""
+        self._with_rider(('PING',), rider)
 
-        ``rider``'s command (a key's admission) is that proof when it has one to send; otherwise a
-        ``PING``. Raises :class:`~llmconn.errors.StoreError` when Redis does not answer.
-        """
+    def _with_rider(self, command: tuple, rider: Any) -> None:
+        """``command``, and ``rider``'s own (when it has one) in the same send; an error reply of
+        ``command`` raised as a :class:`~llmconn.errors.StoreError`."""
         extra = rider.command() if rider is not None else None
         if extra is None:
-            if not self._own_pool:      # the client's own PING: a cluster's goes to a node of its own
-                _run(self._client.ping)
-                return
-            reply, = _run(self._send, ('PING',))
-            if isinstance(reply, Exception):
-                _run(_raise, reply)
+            self._one(command)
             return
         try:
-            reply, = _run(self._send, extra)
+            done, reply = _run(self._send, command, extra)
         except BaseException:
             rider.failed()
             raise
         rider.answer(reply)
+        if isinstance(done, Exception):
+            _run(_raise, done)
+
+    def _one(self, command: tuple) -> None:
+        """One command whose reply is not needed, on the records' connections."""
+        if not self._own_pool:          # the embedded store, Cluster, Sentinel: the client's own way
+            _run(self._client.execute_command, *command)
+            return
+        done, = _run(self._send, command)
+        if isinstance(done, Exception):
+            _run(_raise, done)
 
     def _send(self, *commands: tuple) -> list:
         """The commands in one send; each reply, or the error reply it was (raised for a broken connection).
@@ -172,28 +168,8 @@ class RecordStore:
             for command in commands:
                 pipe.execute_command(*command)
             return pipe.execute(raise_on_error=False)
-        held = self._held
-        for attempt in (1, 2):
-            conn = held.take()
-            try:
-                conn.send_packed_command(packed(conn, *commands))
-                replies = []
-                for _ in commands:
-                    try:
-                        replies.append(conn.read_response())
-                    except ResponseError as e:      # an error reply: the connection stays in step
-                        replies.append(e)
-            except (RedisConnectionError, RedisTimeoutError) as exc:
-                held.broken(conn, exc)
-                if attempt == 2:
-                    raise
-                continue
-            except BaseException:
-                held.drop(conn)             # never reuse half a reply
-                raise
-            held.keep(conn)
-            return replies
-        raise AssertionError('unreachable')
+        count = len(commands)
+        return self._held.exchange(commands, lambda conn: _replies(conn, count))
 
     def get(self, tenant: str, response_id: str) -> dict | None:
         """The record of ``tenant``'s response, or None (unknown, expired, another tenant's, malformed id)."""
@@ -209,13 +185,7 @@ class RecordStore:
 
     def put(self, key: str, value: str, ttl: float | None = None) -> None:
         """Set ``key`` to ``value``, expiring in ``ttl`` s (None: never)."""
-        command = ('SET', key, value) if ttl is None else ('SET', key, value, 'PX', max(1, int(ttl * 1000)))
-        if not self._own_pool:          # the embedded store, Cluster, Sentinel: the client's own way
-            _run(self._client.execute_command, *command)
-            return
-        stored, = _run(self._send, command)
-        if isinstance(stored, Exception):
-            _run(_raise, stored)
+        self._one(('SET', key, value) if ttl is None else ('SET', key, value, 'PX', max(1, int(ttl * 1000))))
 
     def put_new(self, key: str, value: str) -> bool:
         """Set ``key`` unless it exists; whether it was set."""
@@ -254,6 +224,17 @@ class RecordStore:
         if self._own_pool:
             self._held.close()
             self._client.connection_pool.disconnect(inuse_connections=False)
+
+
+def _replies(conn: Any, count: int) -> list:
+    """``count`` replies, an error reply as its exception: the connection stays in step."""
+    replies = []
+    for _ in range(count):
+        try:
+            replies.append(conn.read_response())
+        except ResponseError as e:
+            replies.append(e)
+    return replies
 
 
 def _text(raw: Any) -> str | None:

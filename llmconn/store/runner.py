@@ -141,30 +141,9 @@ class PooledRunner(RedisRunner):
     def _send(self, sha: str, keys: tuple, args: tuple, wait: tuple = ()) -> Any:
         """EVALSHA (then ``WAIT *wait`` in the same send): its reply, or (reply, acks)."""
         evalsha = ('EVALSHA', sha, len(keys), *keys, *args)
-        held = self._held
-        for attempt in (1, 2):
-            conn = held.take()
-            try:
-                if not wait:
-                    conn.send_packed_command(packed(conn, evalsha))
-                    result = conn.read_response()
-                else:
-                    conn.send_packed_command(packed(conn, evalsha, ('WAIT', *wait)))
-                    result = _two_replies(conn)
-            except (RedisConnectionError, RedisTimeoutError) as exc:
-                held.broken(conn, exc)
-                if attempt == 2:
-                    raise
-                continue
-            except ResponseError:
-                held.keep(conn)             # a clean error reply: the connection is in step
-                raise
-            except BaseException:
-                held.drop(conn)             # a greenlet killed mid-read: never reuse half a reply
-                raise
-            held.keep(conn)
-            return result
-        raise AssertionError('unreachable')
+        if not wait:
+            return self._held.exchange((evalsha,), _one_reply)
+        return self._held.exchange((evalsha, ('WAIT', *wait)), _two_replies)
 
     def close(self) -> None:
         self._held.close()
@@ -224,6 +203,33 @@ class HeldConnections:
         finally:
             with self._lock:
                 self._waiting -= 1
+
+    def exchange(self, commands: tuple, read: Callable[[Any], Any]) -> Any:
+        """``commands`` in one send on a kept connection, and what ``read(conn)`` makes of the replies.
+
+        A broken connection is retried once on a fresh one (what is sent here is safe to send
+        twice); an error reply ``read`` raises leaves the connection in step, kept; anything else
+        (a greenlet killed mid-read) drops it, as half a reply must never be read by the next call.
+        """
+        for attempt in (1, 2):
+            conn = self.take()
+            try:
+                conn.send_packed_command(packed(conn, *commands))
+                result = read(conn)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                self.broken(conn, exc)
+                if attempt == 2:
+                    raise
+                continue
+            except ResponseError:
+                self.keep(conn)
+                raise
+            except BaseException:
+                self.drop(conn)
+                raise
+            self.keep(conn)
+            return result
+        raise AssertionError('unreachable')
 
     def _kept(self) -> Any:
         free = self._free
@@ -337,6 +343,10 @@ def packed(conn: Any, *commands: tuple) -> list[bytes]:
             else:
                 parts += (b'$%d\r\n' % len(arg), arg, b'\r\n')      # an attachment's bytes: copied once, by join
     return [b''.join(parts)]
+
+
+def _one_reply(conn: Any) -> Any:
+    return conn.read_response()
 
 
 def _two_replies(conn: Any) -> tuple:
