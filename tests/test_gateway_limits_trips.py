@@ -184,6 +184,42 @@ def test_a_busy_key_admits_from_a_reserve_and_hands_back_what_it_did_not_use(gat
     assert int(window['r']) == 1 + calls                     # exactly the requests served
 
 
+@pytest.mark.parametrize('route', ['chat', 'responses'])
+def test_concurrent_requests_of_a_busy_key_wait_for_one_ask_rather_than_each_send_their_own(gateway, monkeypatch,
+                                                                                            redis_server, route):
+    # Without it, every request that finds the reserve spent sends a script asking for one, and
+    # each new reserve replaces (hands back) the one before: about one script per client per reserve.
+    trips = Trips(monkeypatch)
+    lim = _park_limits_flusher(gateway)
+    monkeypatch.setattr(limits, 'RESERVE_LIFETIME', 30.0)
+    ask = chat if route == 'chat' else respond
+    ask(gateway, 'limited')
+    lim.flush()
+    clients, each = 8, 2 * limits.RESERVE_MAX
+    failures: list = []
+
+    def client():
+        for _ in range(each):
+            status, _, body = ask(gateway, 'limited')
+            if status != 200:
+                failures.append(body)
+
+    def burst():
+        threads = [threading.Thread(target=client) for _ in range(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    trips.count(burst)
+    assert not failures, failures[:1]
+    admits = [m for m in trips.sent if m.count(b'EVALSHA')]
+    calls = clients * each
+    assert len(admits) <= calls // limits.RESERVE_MAX + clients, len(admits)
+    lim.close()
+    window, _ = counters(redis_server, 'key-limited')
+    assert int(window['r']) == 1 + calls                     # exactly the requests served
+
+
 def test_a_reserve_expires_and_goes_back_to_its_minute(gateway, redis_server):
     lim = limits.limiter(gateway.store)
     lim.interval = 0.05

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from llmconn import items as mod_items
 from llmconn.errors import GatewayError
-from llmconn.gateway import limits, values
+from llmconn.gateway import values
 from llmconn.gateway.items import Conversation
 from llmconn.providers.base import SYSTEM
 from llmconn.types import CallSpec, Event, drain
@@ -87,12 +87,12 @@ def events(conn: Any, conversation: Conversation, params: dict, stream: bool, *,
     chain = {'previous_response_id': previous_response_id} if previous_response_id else {}
     if previous_response_id and conversation.items and not conversation.turns and not conversation.text:
         chain['continuation'] = True        # the backend's chain holds the calls; only the outputs go
-    return limits.settled(conn, conn.run(CallSpec(
+    return conn.run(CallSpec(
         conversation.text, params=params, stream=stream, tools=list(tools) or None, system=conversation.system,
         history=tuple(conversation.turns), items=tuple(conversation.items), tag=conversation.tag,
         hosted=tuple(hosted), chain=chain, stateless=not store, run_tools=False, key_id=key_id, schema=schema,
         attachments=list(conversation.attachments) or None, fallbacks=tuple(fallbacks), on_failover=on_failover,
-        record=record)))
+        record=record))
 
 
 def answer(events: Iterator[Event]) -> Any:

@@ -55,6 +55,7 @@ class ChatCall:
     created: int = field(default_factory=lambda: int(mod_time.time()))
     fallbacks: tuple = ()           # the connections that may take it over (llmconn.gateway.fallbacks)
     served: Any = None              # the fallback that answered, once one took the call over
+    admission: Any = None           # the key's limits (llmconn.gateway.limits), None for a key without
 
     @property
     def answering(self) -> Any:
@@ -73,7 +74,9 @@ class ChatCall:
         return {'metadata': metadata} if metadata else {}
 
 
-def prepare(gw: Any, key: Any, body: Any) -> ChatCall:
+def prepare(gw: Any, key: Any, body: Any, admission: Any = None) -> ChatCall:
+    """Check a completion request whole, before any network call, and resolve it into a :class:`ChatCall`
+    (counted against ``admission``, the key's limits, when it has them)."""
     if not isinstance(body, dict):
         raise GatewayError('the request body must be a JSON object')
     model = body.get('model')
@@ -91,7 +94,7 @@ def prepare(gw: Any, key: Any, body: Any) -> ChatCall:
         logger.info('Downgrade accepted: tenant=%s key=%s model=%s losses=%s', key.tenant, key.id, model,
                     ','.join(resolution.downgrades))
     call = ChatCall(key, conn, model, stream, bool(options.get('include_usage')), conversation,
-                    resolution.params, resolution.downgrades, tools, hosted)
+                    resolution.params, resolution.downgrades, tools, hosted, admission=admission)
     call.fallbacks = fallbacks.usable(conn, lambda fallback: _can_take(key, fallback, body, policy, resolution, call))
     return call
 
@@ -126,6 +129,7 @@ def _usage(reply: Any) -> dict:
 def complete(gw: Any, call: ChatCall) -> dict:
     events = _events(call)      # checked now; the backend is reached below
     reply = backend.answer(events)
+    _spent(call, reply)
     status, _ = backend.finish(call.answering, reply.raw)
     calls = _remember(gw, call, reply)
     message: dict = {'role': 'assistant', 'content': reply.text or (None if calls else ''), 'refusal': None}
@@ -143,11 +147,16 @@ def stream(gw: Any, call: ChatCall) -> Iterator[bytes]:
     events = _events(call)
     first = next(events)
     return _body(gw, call, ChatChunks(call.id, call.created, call.model, call.include_usage),
-                 itertools.chain([first], events), events, limits.current())
+                 itertools.chain([first], events), events)
 
 
-def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provider: Any,
-          adm: Any = None) -> Iterator[bytes]:
+def _spent(call: ChatCall, reply: Any) -> None:
+    """Count the answer against the key's limits, priced as the connection that gave it."""
+    if call.admission is not None:
+        call.admission.settle(call.answering, reply.usage)
+
+
+def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provider: Any) -> Iterator[bytes]:
     ended = False
     try:
         for chunk in chunks.start():
@@ -157,8 +166,9 @@ def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provide
                 for chunk in chunks.feed(event.type, event.text):
                     yield chat_sse(chunk)
                 continue
-            status, _ = backend.finish(call.answering, event.reply.raw)
             ended = True
+            _spent(call, event.reply)
+            status, _ = backend.finish(call.answering, event.reply.raw)
             calls = _remember(gw, call, event.reply)
             for chunk in chunks.finish(event.reply.text, _finish_reason(status, calls), _usage(event.reply),
                                        call.extra(), calls):
@@ -176,7 +186,7 @@ def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provide
             # Its call counts as cancelled in the ledger; the tokens it streamed are only estimated here,
             # and count so against the key's tpm and budget too.
             usage = estimated_usage(chunks.streamed_chars)
-            limits.estimated(adm, call.answering, usage)
+            limits.estimated(call.admission, call.answering, usage)
             gw.registry.usage.add_estimate(call.answering.name, call.answering.conf.model, call.key.id, usage)
 
 

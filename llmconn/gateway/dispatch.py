@@ -18,7 +18,7 @@ import itertools
 from typing import Any, Callable, Iterator
 
 from llmconn.errors import LLMConnError
-from llmconn.gateway import backend, limits
+from llmconn.gateway import backend
 from llmconn.gateway.recording import ResponseRecord
 from llmconn.gateway.response_objects import response_object
 from llmconn.gateway.responses import Call
@@ -34,7 +34,7 @@ def _provider_events(call: Call, stream: bool, rec: ResponseRecord) -> Iterator:
 
 def respond(gw: Any, call: Call) -> dict:
     """A plain (unstreamed) response: the call recorded by the pipeline, its Response made of its ending."""
-    rec = ResponseRecord(gw, call, limits.current())
+    rec = ResponseRecord(gw, call, call.admission)
     backend.answer(_provider_events(call, False, rec))
     end = rec.ending
     return response_object(call, end.status, end.output, end.usage, reason=end.reason)
@@ -46,7 +46,7 @@ def stream(gw: Any, call: Call, encode: Callable[[dict], Any] = sse) -> Iterator
     The provider is reached (and may refuse) before this returns. The WebSocket mode
     (:mod:`llmconn.gateway.responses_ws`) encodes the same events as the text of its messages.
     """
-    rec = ResponseRecord(gw, call, limits.current())
+    rec = ResponseRecord(gw, call, call.admission)
     events = _provider_events(call, True, rec)
     first = next(events)        # refused, unreachable or failed before its first event: recorded, raised
     # Made after the first event: a fallback that took the call over is named from response.created on.

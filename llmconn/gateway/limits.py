@@ -46,13 +46,14 @@ Every answer of a limited key carries OpenAI's ``x-ratelimit-*`` headers.
 from __future__ import annotations
 
 import atexit
-import contextvars
 import logging
 import os
 import threading
 import time
 import weakref
-from typing import Any, Iterator
+from typing import Any
+
+from gevent.monkey import get_original
 
 from llmconn.errors import LimitExceeded, StoreError
 from llmconn.pricing import cost_micro_usd
@@ -66,8 +67,10 @@ PERIOD_WORD = {'day': 'daily', 'month': 'monthly'}     # a refusal names its bud
 SETTLE_INTERVAL = 0.2                               # s: the longest a call's spend waits in its process
 RESERVE_MAX = 16                                    # requests a process may hold admitted ahead for a key
 RESERVE_LIFETIME = 0.2                              # s: the longest it holds them (never past the minute)
-_current: contextvars.ContextVar['Admission | None'] = contextvars.ContextVar('llmconn_limit_admission',
-                                                                              default=None)
+ASK_WAIT = 2.0                                      # s: the longest a request waits for another's reserve
+# The lock of a limiter's lists is held for a few dict operations, never across a switch to another
+# greenlet: the interpreter's own lock, not gevent's cooperative one (a Python call on each side).
+_list_lock = get_original('threading', 'Lock')
 _limiters: 'weakref.WeakKeyDictionary[Any, Limiter]' = weakref.WeakKeyDictionary()   # per chat store
 _all: 'weakref.WeakSet[Limiter]' = weakref.WeakSet()
 
@@ -75,7 +78,8 @@ _all: 'weakref.WeakSet[Limiter]' = weakref.WeakSet()
 class Plan:
     """What a limited key's script is sent, computed once per key: its counters' name, its limits, its headers."""
 
-    __slots__ = ('key', 'keys', 'spec', 'rpm', 'tpm', 'budget', 'fixed', 'max_tokens', 'max_cost', 'last')
+    __slots__ = ('key', 'keys', 'spec', 'rpm', 'tpm', 'budget', 'fixed', 'max_tokens', 'max_cost', 'last',
+                 'asking')
 
     def __init__(self, key: Any) -> None:
         limits = key.limits
@@ -90,20 +94,33 @@ class Plan:
                       ('x-ratelimit-limit-tokens', str(limits.tpm)) if limits.tpm is not None else None)
         self.max_tokens = self.max_cost = -1    # the most one call of the key took here (-1: none yet)
         self.last = -RESERVE_LIFETIME           # when this process last admitted one of its requests
+        self.asking: threading.Event | None = None      # set when this process's ask for a reserve is answered
 
-    def run(self, kept: 'Kept', admit: bool) -> tuple:
-        """ARGV of the key's script: settle ``kept``, and admit one request or not.
+    def run(self, kept: 'Kept', admit: bool) -> tuple[tuple, 'threading.Event | None']:
+        """ARGV of the key's script (settle ``kept``, and admit one request or not), and the event its
+        answer sets when it asks for a reserve (:meth:`answered`).
 
         A key busy in this process (its last request admitted within :data:`RESERVE_LIFETIME`)
-        asks for a reserve; a lone request does not, so it is answered by Redis as it is now.
+        asks for a reserve, one script at a time: the key's other requests meanwhile wait for
+        its answer (:meth:`Limiter.after_asking`) rather than each ask for one of their own.
+        A lone request does not ask, so it is answered by Redis as it is now.
         """
         back = f'{kept.back} {kept.minute}' if kept.back else NOTHING_BACK
         if not admit:
-            return (self.spec, kept.tokens, kept.cost, SETTLE_ONLY, back)
+            return (self.spec, kept.tokens, kept.cost, SETTLE_ONLY, back), None
         now = time.monotonic()
-        want = RESERVE_MAX if now - self.last < RESERVE_LIFETIME else 0
+        asking = None
+        if now - self.last < RESERVE_LIFETIME and self.asking is None:
+            asking = self.asking = threading.Event()
         self.last = now
-        return (self.spec, kept.tokens, kept.cost, f'{want} {self.max_tokens} {self.max_cost}', back)
+        return (self.spec, kept.tokens, kept.cost, f'{RESERVE_MAX if asking else 0} {self.max_tokens} '
+                f'{self.max_cost}', back), asking
+
+    def answered(self, asking: 'threading.Event | None') -> None:
+        """The ask ``run`` made is answered (its reserve held) or failed: its waiters go on."""
+        if asking is not None:
+            self.asking = None
+            asking.set()
 
     def spent(self, tokens: int, cost: int) -> None:
         self.max_tokens = max(self.max_tokens, tokens)
@@ -181,15 +198,17 @@ class Grant:
 
 
 def rate_headers(plan: Plan, requests: int, tokens: int, reset: float) -> list[tuple[str, str]]:
-    limits = plan.key.limits
     requests_limit, tokens_limit = plan.fixed
+    seconds = int(reset + 0.999)
+    after = f'{seconds if seconds > 1 else 1}s'
     headers = []
-    after = f'{max(1, int(reset + 0.999))}s'
     if requests_limit is not None:
-        headers += [requests_limit, ('x-ratelimit-remaining-requests', str(max(0, limits.rpm - requests))),
+        left = plan.rpm - requests
+        headers += [requests_limit, ('x-ratelimit-remaining-requests', str(left if left > 0 else 0)),
                     ('x-ratelimit-reset-requests', after)]
     if tokens_limit is not None:
-        headers += [tokens_limit, ('x-ratelimit-remaining-tokens', str(max(0, limits.tpm - tokens))),
+        left = plan.tpm - tokens
+        headers += [tokens_limit, ('x-ratelimit-remaining-tokens', str(left if left > 0 else 0)),
                     ('x-ratelimit-reset-tokens', after)]
     return headers
 
@@ -237,7 +256,7 @@ class Limiter:
         self._pending: dict[str, Kept] = {}         # key id -> what its next script writes
         self._reserves: dict[str, Reserve] = {}     # key id -> requests admitted ahead for this process
         self._writing: frozenset = frozenset()      # key ids whose spend a flush is writing now
-        self._lock = threading.Lock()
+        self._lock = _list_lock()
         self._flushing = threading.Lock()
         self._wake = threading.Event()
         self._urgent = threading.Event()
@@ -359,21 +378,34 @@ class Limiter:
 
     # -- the round trips -------------------------------------------------------------------------
 
+    def after_asking(self, plan: Plan) -> Grant | None:
+        """A request of the key from the reserve another's script is asking for now, once it is answered;
+        None when no script asks, or its answer reserved nothing for this one."""
+        asking = plan.asking
+        if asking is None:
+            return None
+        asking.wait(ASK_WAIT)
+        return self.reserved(plan)
+
     def admit(self, plan: Plan) -> Grant:
         """One request: from the reserve, else settle what is kept and admit (and reserve) in one round
         trip; 429 or 503 when refused."""
-        grant = self.reserved(plan)
+        grant = self.reserved(plan) or self.after_asking(plan)
         if grant is not None:
             return grant
         kept = self.take(plan)
+        argv, asking = plan.run(kept, True)
         try:
-            result = self.redis.admit(plan.keys, plan.run(kept, True))
-        except BaseException:
-            self.give_back(kept)
-            raise
-        grant = verdict(plan, result)
-        self.hold(grant)
-        return grant
+            try:
+                result = self.redis.admit(plan.keys, argv)
+            except BaseException:
+                self.give_back(kept)
+                raise
+            grant = verdict(plan, result)
+            self.hold(grant)
+            return grant
+        finally:
+            plan.answered(asking)
 
     def flush(self) -> bool:
         """Write every key's kept spend and unused reserve in one round trip; True when nothing is left."""
@@ -385,7 +417,7 @@ class Limiter:
             try:
                 if not entries:
                     return True
-                self.redis.settle_many([(kept.plan.keys, kept.plan.run(kept, False)) for kept in entries])
+                self.redis.settle_many([(kept.plan.keys, kept.plan.run(kept, False)[0]) for kept in entries])
             except StoreError as e:
                 for kept in entries:
                     self._keep(kept)
@@ -412,7 +444,8 @@ class Limiter:
         self._expire(everything=True)
         if not self.flush():
             with self._lock:
-                lost = [(kept.plan.key.id, kept.tokens, kept.cost) for kept in self._pending.values()]
+                lost = [(kept.plan.key.id, kept.tokens, kept.cost) for kept in self._pending.values()
+                        if kept.tokens or kept.cost]     # a reserve not handed back only lapses with its minute
             if lost == self._lost_reported:     # at exit, after the registry's close said so: not twice
                 return
             self._lost_reported = lost
@@ -422,9 +455,12 @@ class Limiter:
 
     def _start(self) -> None:
         with self._lock:
+            thread = None
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name='llmconn-limits-flusher', daemon=True)
-                self._thread.start()
+                thread = self._thread = threading.Thread(target=self._run, name='llmconn-limits-flusher',
+                                                         daemon=True)
+        if thread is not None:
+            thread.start()          # outside the lock: starting a thread may switch greenlets
 
     def _run(self) -> None:
         until_expiry = None
@@ -446,7 +482,9 @@ class Limiter:
     def _after_fork(self) -> None:
         # The parent's spend and reserves are the parent's to write; this child starts empty.
         self._pending, self._reserves, self._writing = {}, {}, frozenset()
-        self._lock, self._flushing = threading.Lock(), threading.Lock()
+        self._lock, self._flushing = _list_lock(), threading.Lock()
+        for plan in self._plans.values():
+            plan.asking = None          # the parent's ask, answered in the parent
         self._wake, self._urgent = threading.Event(), threading.Event()
         self._thread = None
 
@@ -480,17 +518,17 @@ class Admission:
         return self.grant
 
     def headers(self) -> list[tuple[str, str]]:
-        return self.admit().headers()
+        return (self.grant or self.admit()).headers()
 
-    def settle(self, conn: Any, usage: dict | None) -> None:
-        """Count what the call spent (once): kept in the process, written by the next round trip."""
+    def settle(self, conn: Any, usage: dict) -> None:
+        """Count what ``conn``'s call spent, ``usage`` (once): kept in the process, written by the next
+        round trip. ``conn`` is the connection that answered: a fallback is priced as itself."""
         grant = self.grant
         if grant is None or self.counted:
             return
         self.counted = True
-        usage = usage or {}
         tokens = int(usage.get('input_tokens') or 0) + int(usage.get('output_tokens') or 0)
-        cost = int(usage.get('cost') or 0) or cost_micro_usd(getattr(conn.conf, 'pricing', None), usage)
+        cost = int(usage.get('cost') or 0) or cost_micro_usd(conn.conf.pricing, usage)
         if not tokens and not cost:
             return
         plan = self.plan
@@ -511,7 +549,7 @@ class Admission:
         """Admission in the pipeline of another write, or None when admitted already: from the reserve,
         or (on a cluster) now."""
         if self.grant is None:
-            self.grant = self.limiter.reserved(self.plan)
+            self.grant = self.limiter.reserved(self.plan) or self.limiter.after_asking(self.plan)
         if self.grant is not None:
             return None
         if self.limiter.redis.cluster:
@@ -531,12 +569,13 @@ class Admission:
 class Rider:
     """One ADMIT run sent after another write, in its round trip, carrying what the key's script writes."""
 
-    __slots__ = ('admission', 'admits', 'kept')
+    __slots__ = ('admission', 'admits', 'kept', 'asking')
 
     def __init__(self, admission: Admission, admits: bool) -> None:
         self.admission = admission
         self.admits = admits            # admits the request; else only settles
         self.kept = NOTHING
+        self.asking: threading.Event | None = None      # its ask for a reserve, answered by answer or failed
 
     def command(self) -> tuple | None:
         """The command to send (None: nothing to), what was kept now carried by it."""
@@ -544,10 +583,18 @@ class Rider:
         self.kept = adm.limiter.take(adm.plan)
         if not self.admits and not self.kept:
             return None
-        return adm.limiter.redis.command(adm.plan.keys, adm.plan.run(self.kept, self.admits))
+        argv, self.asking = adm.plan.run(self.kept, self.admits)
+        return adm.limiter.redis.command(adm.plan.keys, argv)
 
     def answer(self, result: Any) -> None:
         """The command's reply; an admission refused raises its 429, a failed one its 503."""
+        try:
+            self._answer(result)
+        finally:
+            self.admission.plan.answered(self.asking)
+            self.asking = None
+
+    def _answer(self, result: Any) -> None:
         adm = self.admission
         if isinstance(result, BaseException):
             self.failed()
@@ -569,59 +616,16 @@ class Rider:
         adm = self.admission
         adm.limiter.give_back(self.kept)
         self.kept = NOTHING
+        adm.plan.answered(self.asking)
+        self.asking = None
 
 
 def admission(gw: Any, key: Any) -> Admission | None:
-    """The admission of a request of ``key``; None (and no round trip) for a key without limits."""
+    """The admission of a request of ``key`` on gateway ``gw``; None (and no round trip) for a key without limits."""
     if not key.limits.enabled:
         return None
-    lim = limiter(gw.registry.store, gw.ledger.client)
+    lim = gw.limiter
     return Admission(lim, lim.plan(key))
-
-
-class granted:
-    """``with granted(adm):`` while the route prepares its call, the calls it starts are counted against ``adm``.
-
-    A class rather than a ``contextmanager`` generator: it is entered on every limited request.
-    """
-
-    __slots__ = ('adm', 'token')
-
-    def __init__(self, adm: Admission | None) -> None:
-        self.adm = adm
-
-    def __enter__(self) -> None:
-        self.token = _current.set(self.adm)
-
-    def __exit__(self, *exc: object) -> None:
-        _current.reset(self.token)
-
-
-def current() -> Admission | None:
-    """The admission of the request being prepared (None for a key without limits)."""
-    return _current.get()
-
-
-def settled(conn: Any, events: Iterator) -> Iterator:
-    """``events`` of a call started under an admission, counted against it when it is done; else ``events``."""
-    adm = _current.get()
-    if adm is None:
-        return events
-    return _settling(adm, conn, events)
-
-
-def _settling(adm: Admission, conn: Any, events: Iterator) -> Iterator:
-    try:
-        for event in events:
-            if event.type == 'done':        # counted before the route saves its record, which carries it
-                # A fallback that answered is priced as itself.
-                served = getattr(conn, 'peers', {}).get((event.result or {}).get('connection'), conn)
-                adm.settle(served, getattr(event.reply, 'usage', None))
-            yield event
-    finally:
-        close = getattr(events, 'close', None)
-        if close is not None:
-            close()
 
 
 def estimated(adm: Admission | None, conn: Any, usage: dict) -> None:

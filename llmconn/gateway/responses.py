@@ -84,6 +84,7 @@ class Call:
     fallbacks: tuple = ()           # the connections that may take it over (llmconn.gateway.fallbacks)
     served: Any = None              # the fallback that answered, once one took the call over
     body: dict = field(default_factory=dict, repr=False)    # the request, for a fallback's settings
+    admission: Any = None           # the key's limits (llmconn.gateway.limits), None for a key without
 
     @property
     def answering(self) -> Any:
@@ -98,8 +99,9 @@ class Call:
         self.settings = effective.settings(fallback, self.body, self.downgrades)
 
 
-def prepare(gw: Any, key: Any, body: Any) -> Call:
-    """Check a create request whole, before any network call, and resolve it into a :class:`Call`."""
+def prepare(gw: Any, key: Any, body: Any, admission: Any = None) -> Call:
+    """Check a create request whole, before any network call, and resolve it into a :class:`Call`
+    (counted against ``admission``, the key's limits, when it has them)."""
     if not isinstance(body, dict):
         raise GatewayError('the request body must be a JSON object')
     model = body.get('model')
@@ -133,7 +135,7 @@ def prepare(gw: Any, key: Any, body: Any) -> Call:
                 provider_previous_id=previous['provider_response_id'] if _provider_kept(previous) else '',
                 tools=tools, hosted=hosted, sealer=sealer if sealing else None, custom=custom,
                 echo_tools=[_echo(t) for t in tools] + [h for h in hosted if h.get('type') == 'custom'],
-                settings=effective.settings(conn, body, resolution.downgrades))
+                settings=effective.settings(conn, body, resolution.downgrades), admission=admission)
     if mode != StoreMode.PROVIDER and not call.provider_previous_id:      # else only its backend can continue it
         call.fallbacks = fallbacks.usable(conn, lambda fallback: _can_take(key, fallback, body, include, policy,
                                                                            resolution, call))

@@ -115,7 +115,8 @@ class Session:
                 routes.count_refused(gw, key, e)
                 raise
             events, _ = routes.admitted(gw, key, 'responses', body,
-                                        lambda: dispatch.stream(gw, responses.prepare(gw, key, body), jsontext.dumps))
+                                        lambda adm: dispatch.stream(gw, responses.prepare(gw, key, body, adm),
+                                                                    jsontext.dumps))
         except Exception as e:
             event = error_event(e, self.cid)
             ws.send_text(jsontext.dumps(event))

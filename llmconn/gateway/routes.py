@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import weakref
+from functools import cached_property
 from typing import Any, Callable, Iterable, TypeVar
 
 from llmconn import jsontext
@@ -54,6 +55,11 @@ class Gateway:
     def __init__(self, registry: Any) -> None:
         self.registry = registry
         self.ledger = RecordStore(registry.store)     # response records; usage counts in registry.usage
+
+    @cached_property
+    def limiter(self) -> limits.Limiter:
+        """The limits of the store's keys in this process: plans, reserves, spend to write."""
+        return limits.limiter(self.registry.store, self.ledger.client)
 
     @property
     def config(self) -> GatewayConfig:
@@ -103,7 +109,7 @@ def _route(gw: Gateway, key: Any, environ: dict, method: str, route: str) -> tup
         except GatewayError as e:
             count_refused(gw, key, e)
             raise
-        (status, headers, data), rate = admitted(gw, key, route, body, lambda: _create(gw, key, route, body))
+        (status, headers, data), rate = admitted(gw, key, route, body, lambda adm: _create(gw, key, route, body, adm))
         return status, headers + rate, data
     if route == 'responses/compact':
         _allow(method, 'POST')
@@ -131,8 +137,11 @@ def _route(gw: Gateway, key: Any, environ: dict, method: str, route: str) -> tup
     raise GatewayError(f'no gateway route {shown(method)} {shown("/v1/" + route)}', 404, code='not_found')
 
 
-def admitted(gw: Gateway, key: Any, route: str, body: Any, create: Callable[[], T]) -> tuple[T, list]:
-    """``create()`` for a create request of ``route``, under the key's limits, once its fields passed.
+def admitted(gw: Gateway, key: Any, route: str, body: Any, create: Callable[[Any], T]) -> tuple[T, list]:
+    """``create(admission)`` for a create request of ``route``, under the key's limits, once its fields passed.
+
+    ``admission`` (:class:`llmconn.gateway.limits.Admission`, None for a key without limits) goes
+    with the call it prepares, which counts what it spends against it.
 
     Returns what ``create`` returned and the key's rate headers. The one way in for a create, over
     HTTP and over a WebSocket (:mod:`llmconn.gateway.responses_ws`).
@@ -144,12 +153,11 @@ def admitted(gw: Gateway, key: Any, route: str, body: Any, create: Callable[[], 
         raise
     adm = limits.admission(gw, key)
     if adm is None:
-        return create(), []
+        return create(None), []
     if route != 'responses':
         adm.admit()         # its own round trip; a Response's rides the write that records it started
     try:
-        with limits.granted(adm):
-            result = create()
+        result = create(adm)
     except LimitExceeded:
         raise
     except Exception as e:
@@ -167,9 +175,9 @@ def count_refused(gw: Gateway, key: Any, e: Exception) -> None:
         e.rate_headers = adm.headers()
 
 
-def _create(gw: Gateway, key: Any, route: str, body: Any) -> tuple:
+def _create(gw: Gateway, key: Any, route: str, body: Any, adm: Any) -> tuple:
     # A stream's first event is in hand when its body is returned: a failover, if any, has happened.
-    call = (responses if route == 'responses' else chat_completions).prepare(gw, key, body)
+    call = (responses if route == 'responses' else chat_completions).prepare(gw, key, body, adm)
     try:
         if route == 'responses':
             status, headers, data = _sse(dispatch.stream(gw, call)) if call.stream else \
