@@ -55,9 +55,8 @@ from pathlib import Path  # noqa: E402
 from urllib.parse import urlsplit  # noqa: E402
 
 import urllib3  # noqa: E402
-from gevent.pool import Pool  # noqa: E402
 
-from common import cpu_seconds, free_port, start_redis  # noqa: E402
+from common import cpu_seconds, free_port, run_block, start_redis  # noqa: E402
 from llmconn.demo import start_server, stop, wait_until_up  # noqa: E402
 from llmconn.testing.fake_server import FakeProviderServer  # noqa: E402
 
@@ -204,21 +203,6 @@ def chosen(table: dict, names: str) -> dict:
 
 
 # ---- measuring -------------------------------------------------------------------------------------
-
-def run_block(pools: list, url: str, body: bytes, headers: dict, count: int) -> None:
-    """``count`` requests over the clients' connections, each read to its end; any non-200 stops the run."""
-    def client(pool, n: int) -> None:
-        for _ in range(n):
-            answer = pool.urlopen('POST', url, body=body, headers=headers, retries=False)
-            if answer.status != 200:
-                raise RuntimeError(f'{url}: HTTP {answer.status} {answer.data[:300]!r}')
-
-    group = Pool(len(pools))
-    share, extra = divmod(count, len(pools))
-    for index, pool in enumerate(pools):
-        group.spawn(client, pool, share + (index < extra))
-    group.join(raise_error=True)
-
 
 def measure(table: dict, pids: dict, rounds: int, count: int, clients: int, seed: int = 7) -> tuple[dict, dict]:
     """Each way's server CPU seconds per request, one figure per round; and its wall seconds per request."""

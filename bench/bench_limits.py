@@ -33,10 +33,9 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import urllib3  # noqa: E402
-from gevent.pool import Pool  # noqa: E402
 
 from bench_gateway import process_tree  # noqa: E402
-from common import cpu_seconds, free_port, start_redis  # noqa: E402
+from common import cpu_seconds, free_port, run_block, start_redis  # noqa: E402
 from llmconn.demo import start_server, stop  # noqa: E402
 from llmconn.testing.fake_server import FakeProviderServer  # noqa: E402
 
@@ -73,23 +72,6 @@ def ways(gateway: str) -> dict:
     return out
 
 
-def run_block(way: tuple, count: int, pools: list) -> int:
-    """``count`` requests (rounded down to a multiple of the clients), each client on its own connection."""
-    url, body, headers = way
-
-    def client(pool) -> None:
-        for _ in range(count // len(pools)):
-            answer = pool.urlopen('POST', url, body=body, headers=headers, retries=False)
-            if answer.status != 200:
-                raise RuntimeError(f'{url}: {answer.status} {answer.data[:200]!r}')
-
-    group = Pool(len(pools))
-    for pool in pools:
-        group.spawn(client, pool)
-    group.join(raise_error=True)
-    return count // len(pools) * len(pools)
-
-
 def measure(all_ways: dict, pids: list[int], rounds: int, block: int, clients: int) -> dict:
     """way -> [CPU seconds per request of each round].
 
@@ -99,7 +81,7 @@ def measure(all_ways: dict, pids: list[int], rounds: int, block: int, clients: i
     """
     pools = [urllib3.PoolManager(maxsize=1) for _ in range(clients)]
     for way in all_ways.values():
-        run_block(way, clients * 8, pools)         # warm: pools, scripts, caches
+        run_block(pools, *way, clients * 8)         # warm: pools, scripts, caches
     per_round: dict = {name: [] for name in all_ways}
     draw = random.Random(11)
     for _ in range(rounds):
@@ -110,8 +92,8 @@ def measure(all_ways: dict, pids: list[int], rounds: int, block: int, clients: i
             draw.shuffle(pair)
             for name in pair:
                 used = cpu_seconds(*pids)
-                done = run_block(all_ways[name], block, pools)
-                per_round[name].append((cpu_seconds(*pids) - used) / done)
+                run_block(pools, *all_ways[name], block)
+                per_round[name].append((cpu_seconds(*pids) - used) / block)
     for pool in pools:
         pool.clear()
     return per_round

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import redis
+from gevent.pool import Pool
 
 
 def free_port() -> int:
@@ -104,3 +105,19 @@ llm:
   - {{name: {name}, provider: openai, model: {model}, address: "{fake_url}/v1", max_retries: 0, pool_size: 600}}
 ''')
     return config
+
+
+def run_block(pools: list, url: str, body: bytes, headers: dict, count: int) -> None:
+    """``count`` POSTs over ``pools`` (urllib3 pools, one client each, side by side), each read to its end;
+    any non-200 stops the run."""
+    def client(pool, n: int) -> None:
+        for _ in range(n):
+            answer = pool.urlopen('POST', url, body=body, headers=headers, retries=False)
+            if answer.status != 200:
+                raise RuntimeError(f'{url}: HTTP {answer.status} {answer.data[:300]!r}')
+
+    group = Pool(len(pools))
+    share, extra = divmod(count, len(pools))
+    for index, pool in enumerate(pools):
+        group.spawn(client, pool, share + (index < extra))
+    group.join(raise_error=True)

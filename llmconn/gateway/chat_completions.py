@@ -129,7 +129,7 @@ def _usage(reply: Any) -> dict:
 def complete(gw: Any, call: ChatCall) -> dict:
     events = _events(call)      # checked now; the backend is reached below
     reply = backend.answer(events)
-    _spent(call, reply)
+    limits.spent(call.admission, call.answering, reply.usage)     # a fallback priced as itself
     status, _ = backend.finish(call.answering, reply.raw)
     calls = _remember(gw, call, reply)
     message: dict = {'role': 'assistant', 'content': reply.text or (None if calls else ''), 'refusal': None}
@@ -150,12 +150,6 @@ def stream(gw: Any, call: ChatCall) -> Iterator[bytes]:
                  itertools.chain([first], events), events)
 
 
-def _spent(call: ChatCall, reply: Any) -> None:
-    """Count the answer against the key's limits, priced as the connection that gave it."""
-    if call.admission is not None:
-        call.admission.settle(call.answering, reply.usage)
-
-
 def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provider: Any) -> Iterator[bytes]:
     ended = False
     try:
@@ -167,7 +161,7 @@ def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provide
                     yield chat_sse(chunk)
                 continue
             ended = True
-            _spent(call, event.reply)
+            limits.spent(call.admission, call.answering, event.reply.usage)
             status, _ = backend.finish(call.answering, event.reply.raw)
             calls = _remember(gw, call, event.reply)
             for chunk in chunks.finish(event.reply.text, _finish_reason(status, calls), _usage(event.reply),
@@ -186,7 +180,7 @@ def _body(gw: Any, call: ChatCall, chunks: ChatChunks, events: Iterator, provide
             # Its call counts as cancelled in the ledger; the tokens it streamed are only estimated here,
             # and count so against the key's tpm and budget too.
             usage = estimated_usage(chunks.streamed_chars)
-            limits.estimated(call.admission, call.answering, usage)
+            limits.spent(call.admission, call.answering, usage)
             gw.registry.usage.add_estimate(call.answering.name, call.answering.conf.model, call.key.id, usage)
 
 

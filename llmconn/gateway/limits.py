@@ -591,8 +591,7 @@ class Rider:
         try:
             self._answer(result)
         finally:
-            self.admission.plan.answered(self.asking)
-            self.asking = None
+            self._answered()
 
     def _answer(self, result: Any) -> None:
         adm = self.admission
@@ -616,7 +615,11 @@ class Rider:
         adm = self.admission
         adm.limiter.give_back(self.kept)
         self.kept = NOTHING
-        adm.plan.answered(self.asking)
+        self._answered()
+
+    def _answered(self) -> None:
+        # Its ask for a reserve (if it made one) is over: the key's requests waiting on it go on.
+        self.admission.plan.answered(self.asking)
         self.asking = None
 
 
@@ -628,8 +631,9 @@ def admission(gw: Any, key: Any) -> Admission | None:
     return Admission(lim, lim.plan(key))
 
 
-def estimated(adm: Admission | None, conn: Any, usage: dict) -> None:
-    """A stream the client left: its estimated tokens (as the usage ledger counts them) and their cost."""
+def spent(adm: Admission | None, conn: Any, usage: dict) -> None:
+    """Count ``usage``, what ``conn`` answered with, against ``adm`` (nothing for a key without limits):
+    an answer's reported usage, or the estimate of a stream its client left (as the ledger counts it)."""
     if adm is not None:
         adm.settle(conn, usage)
 

@@ -86,8 +86,7 @@ class ResponseRecord:
         steps = backend.steps(reply)
         answer = mod_items.message('assistant', reply.text, backend.opaque_items(answering, reply, steps))
         calls = backend.calls(steps)
-        if adm is not None:             # counted before the record, which carries it; a fallback priced as itself
-            adm.settle(answering, reply.usage)
+        limits.spent(adm, answering, reply.usage)       # before the record, which carries it; a fallback as itself
         call_registry.remember_answer(gw, call, answer)
         sealed = sealed_answer(call.sealer, answer)
         if self.normalizer is None:
@@ -112,7 +111,7 @@ class ResponseRecord:
         gw, call = self.gw, self.call
         streamed = self.normalizer.streamed_chars if self.normalizer is not None else 0
         logger.info('Response %s cancelled by the client after %d streamed characters', call.id, streamed)
-        limits.estimated(self.admission, call.answering, usage)
+        limits.spent(self.admission, call.answering, usage)
         output = self.normalizer.partial_output() if self.normalizer is not None else []
         self._save_quietly(record(call, 'cancelled', usage, output), self._settling())
         if usage.get('estimated'):      # reported usage was counted by the call's own tally
