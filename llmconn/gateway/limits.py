@@ -16,9 +16,11 @@ How a request is counted, across every gateway process sharing the Redis:
   trip of its own. The process keeps it and the next script of the same
   key adds it first (settle, then admit); a Response's final record
   carries it (same send) when it brings the key to its tpm or budget;
-  anything left is written by a
-  background flush within :data:`SETTLE_INTERVAL`, at once when it brings
-  the key to its tpm or budget as this process last saw them, and at exit.
+  what no script carried within :data:`SETTLE_INTERVAL` is written then by
+  a background flush (with every other key's kept half as long), at once
+  when it brings the key to its tpm or budget as this process last saw
+  them, and at exit. A busy key's scripts come sooner than that: its spend
+  costs no write of its own.
   tpm and the budget are therefore counted after the call: a request is
   refused once the minute's tokens reached tpm, or the period's spend the
   budget, so either is overspent by at most the requests in flight (and
@@ -26,7 +28,10 @@ How a request is counted, across every gateway process sharing the Redis:
 * A stream the client left early counts its estimated tokens (the ones the
   usage ledger counts for it) and their cost.
 * Far from its limits, a key's script also reserves a few more requests
-  for the process that ran it (at most :data:`RESERVE_MAX`, and only while
+  for the process that ran it (:data:`RESERVE_MIN` at first, twice the
+  last reserve's size when the process used that up within its lifetime,
+  half when it used less than half, never more than :data:`RESERVE_MAX`;
+  and only while
   the rpm keeps 16 times the reserve free and tpm and budget 4 times its
   worth at the most one call of the key took): they are admitted from the
   process, counted already, without a round trip, for at most
@@ -65,7 +70,8 @@ MINUTE_TTL = 120                                    # a minute's counters outliv
 PERIOD_TTL = {'day': 2 * 86400, 'month': 32 * 86400}
 PERIOD_WORD = {'day': 'daily', 'month': 'monthly'}     # a refusal names its budget's period
 SETTLE_INTERVAL = 0.2                               # s: the longest a call's spend waits in its process
-RESERVE_MAX = 16                                    # requests a process may hold admitted ahead for a key
+RESERVE_MIN = 16                                    # requests a process asks to hold admitted ahead for a key,
+RESERVE_MAX = 256                                   # at first and at the most (a busy key's reserve grows)
 RESERVE_LIFETIME = 0.2                              # s: the longest it holds them (never past the minute)
 ASK_WAIT = 2.0                                      # s: the longest a request waits for another's reserve
 # The lock of a limiter's lists is held for a few dict operations, never across a switch to another
@@ -79,7 +85,7 @@ class Plan:
     """What a limited key's script is sent, computed once per key: its counters' name, its limits, its headers."""
 
     __slots__ = ('key', 'keys', 'spec', 'rpm', 'tpm', 'budget', 'fixed', 'max_tokens', 'max_cost', 'last',
-                 'asking')
+                 'asking', 'want')
 
     def __init__(self, key: Any) -> None:
         limits = key.limits
@@ -95,6 +101,7 @@ class Plan:
         self.max_tokens = self.max_cost = -1    # the most one call of the key took here (-1: none yet)
         self.last = -RESERVE_LIFETIME           # when this process last admitted one of its requests
         self.asking: threading.Event | None = None      # set when this process's ask for a reserve is answered
+        self.want = RESERVE_MIN                 # the size of the next reserve asked for (see :meth:`sized`)
 
     def run(self, kept: 'Kept', admit: bool) -> tuple[tuple, 'threading.Event | None']:
         """ARGV of the key's script (settle ``kept``, and admit one request or not), and the event its
@@ -113,7 +120,7 @@ class Plan:
         if now - self.last < RESERVE_LIFETIME and self.asking is None:
             asking = self.asking = threading.Event()
         self.last = now
-        return (self.spec, kept.tokens, kept.cost, f'{RESERVE_MAX if asking else 0} {self.max_tokens} '
+        return (self.spec, kept.tokens, kept.cost, f'{self.want if asking else 0} {self.max_tokens} '
                 f'{self.max_cost}', back), asking
 
     def answered(self, asking: 'threading.Event | None') -> None:
@@ -121,6 +128,14 @@ class Plan:
         if asking is not None:
             self.asking = None
             asking.set()
+
+    def sized(self, reserve: 'Reserve') -> None:
+        """Size the next reserve by how ``reserve``, handed back now, went: twice it when its requests
+        were all taken (within its lifetime: the key is busier than it), half when fewer than half were."""
+        if reserve.left <= 0:
+            self.want = max(RESERVE_MIN, min(RESERVE_MAX, 2 * reserve.size))
+        elif reserve.left * 2 > reserve.size:
+            self.want = max(RESERVE_MIN, reserve.size // 2)
 
     def spent(self, tokens: int, cost: int) -> None:
         self.max_tokens = max(self.max_tokens, tokens)
@@ -130,19 +145,24 @@ class Plan:
 class Kept:
     """What a key's next script is to write: spend not counted yet, a reserve's unused requests."""
 
-    __slots__ = ('plan', 'tokens', 'cost', 'back', 'minute')
+    __slots__ = ('plan', 'tokens', 'cost', 'back', 'minute', 'since', 'urgent')
 
-    def __init__(self, plan: Plan, tokens: int = 0, cost: int = 0, back: int = 0, minute: int = 0) -> None:
+    def __init__(self, plan: Plan, tokens: int = 0, cost: int = 0, back: int = 0, minute: int = 0,
+                 urgent: bool = False) -> None:
         self.plan = plan
         self.tokens = tokens
         self.cost = cost
         self.back = back            # requests reserved in ``minute`` (Redis's) and not used
         self.minute = minute
+        self.since = time.monotonic()       # kept since: the flush writes it by ``since + interval``
+        self.urgent = urgent                # it brought its key to a limit: written at once
 
     def __bool__(self) -> bool:
         return bool(self.tokens or self.cost or self.back)
 
     def merge(self, other: 'Kept') -> None:
+        self.since = min(self.since, other.since)
+        self.urgent = self.urgent or other.urgent
         self.tokens += other.tokens
         self.cost += other.cost
         if other.back:
@@ -158,11 +178,11 @@ NOTHING = Kept(None)     # type: ignore[arg-type]
 class Reserve:
     """Requests a key's script admitted ahead for this process, and the counters it saw then."""
 
-    __slots__ = ('plan', 'left', 'minute', 'requests', 'tokens', 'spent', 'minute_ends', 'expires')
+    __slots__ = ('plan', 'size', 'left', 'minute', 'requests', 'tokens', 'spent', 'minute_ends', 'expires')
 
     def __init__(self, grant: 'Grant', left: int, minute: int, now: float) -> None:
         self.plan = grant.plan
-        self.left = left
+        self.size = self.left = left
         self.minute = minute
         self.requests, self.tokens, self.spent = grant.requests, grant.tokens, grant.spent
         self.minute_ends = now + grant.reset
@@ -259,7 +279,7 @@ class Limiter:
         self._lock = _list_lock()
         self._flushing = threading.Lock()
         self._wake = threading.Event()
-        self._urgent = threading.Event()
+        self._retry_at = 0.0                        # after a failed flush, the next is not before this
         self._thread: threading.Thread | None = None
         self._closed = False
         self._failing = False
@@ -301,13 +321,16 @@ class Limiter:
         with self._lock:
             entry = self._pending.get(plan.key.id)
             if entry is None:
-                self._pending[plan.key.id] = Kept(plan, tokens, cost)
+                entry = self._pending[plan.key.id] = Kept(plan, tokens, cost, urgent=urgent)
+                new = True
             else:
                 entry.tokens += tokens
                 entry.cost += cost
+                new = urgent and not entry.urgent
+                entry.urgent = entry.urgent or urgent
         if self._closed:        # a call that ended after its limiter closed (a reloaded store)
             self.flush()
-        else:
+        elif new:               # the flusher learns of a new entry's time, or writes an urgent one now
             self._wake_flusher(urgent)
 
     def _keep(self, kept: Kept) -> None:
@@ -322,8 +345,6 @@ class Limiter:
     def _wake_flusher(self, urgent: bool) -> None:
         if self._thread is None:
             self._start()
-        if urgent:
-            self._urgent.set()
         self._wake.set()
 
     # -- reserves ----------------------------------------------------------------------------------
@@ -356,6 +377,7 @@ class Limiter:
     def _drop(self, key_id: str, reserve: Reserve) -> None:
         # Under the lock. What was not used goes back to its minute's count with the next write.
         del self._reserves[key_id]
+        reserve.plan.sized(reserve)
         if reserve.left > 0:
             back = Kept(reserve.plan, back=reserve.left, minute=reserve.minute)
             entry = self._pending.get(key_id)
@@ -365,16 +387,29 @@ class Limiter:
                 entry.merge(back)
         reserve.left = 0
 
-    def _expire(self, everything: bool = False) -> float | None:
-        """Hand back the reserves past their time (all of them, closing); seconds to the next one's end."""
-        now, soonest = time.monotonic(), None
+    def _expire(self, everything: bool = False) -> None:
+        """Hand back the reserves past their time (all of them, closing)."""
+        now = time.monotonic()
         with self._lock:
             for key_id, reserve in list(self._reserves.items()):
                 if everything or now >= reserve.expires or reserve.left <= 0:
                     self._drop(key_id, reserve)
-                else:
-                    soonest = min(soonest or reserve.expires, reserve.expires)
-        return None if soonest is None else max(0.0, soonest - now)
+
+    def _until_due(self) -> float | None:
+        """Seconds until the flusher has work: a kept entry :attr:`interval` old (at once when it
+        reached a limit), a reserve's end; None when there is none. Never before a failed flush's retry."""
+        soonest = None
+        with self._lock:
+            for kept in self._pending.values():
+                due = kept.since + (0.0 if kept.urgent else self.interval)
+                if soonest is None or due < soonest:
+                    soonest = due
+            for reserve in self._reserves.values():
+                if soonest is None or reserve.expires < soonest:
+                    soonest = reserve.expires
+        if soonest is None:
+            return None
+        return max(0.0, max(soonest, self._retry_at) - time.monotonic())
 
     # -- the round trips -------------------------------------------------------------------------
 
@@ -407,11 +442,27 @@ class Limiter:
         finally:
             plan.answered(asking)
 
-    def flush(self) -> bool:
-        """Write every key's kept spend and unused reserve in one round trip; True when nothing is left."""
+    def _due(self) -> list[str]:
+        """The keys whose kept entry the flusher writes now: those kept :attr:`interval` or that reached a
+        limit and, when there are any, those kept half as long (one write for them all)."""
+        now = time.monotonic()
+        with self._lock:
+            pending = self._pending
+            due = [key_id for key_id, kept in pending.items() if kept.urgent or now - kept.since >= self.interval]
+            if due:
+                due += [key_id for key_id, kept in pending.items()
+                        if key_id not in due and now - kept.since >= self.interval / 2]
+        return due
+
+    def flush(self, keys: list[str] | None = None) -> bool:
+        """Write kept spend and unused reserves in one round trip, every key's or those of ``keys``;
+        False when the write failed (what it carried is kept)."""
         with self._flushing:
             with self._lock:
-                pending, self._pending = self._pending, {}
+                if keys is None:
+                    pending, self._pending = self._pending, {}
+                else:
+                    pending = {key_id: self._pending.pop(key_id) for key_id in keys if key_id in self._pending}
                 self._writing = frozenset(pending)
             entries = [kept for kept in pending.values() if kept]
             try:
@@ -437,7 +488,6 @@ class Limiter:
         """Stop the flush thread, hand back the reserves and write what is left."""
         self._closed = True
         self._wake.set()
-        self._urgent.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=10)
@@ -463,21 +513,21 @@ class Limiter:
             thread.start()          # outside the lock: starting a thread may switch greenlets
 
     def _run(self) -> None:
-        until_expiry = None
+        # A busy key's next script carries what its calls spent (and hands back its reserve) within
+        # the interval: the flusher writes only what waited that long, or reached a limit.
         while not self._closed:
-            if self._wake.wait(until_expiry):
-                self._wake.clear()
-                self._urgent.wait(self.interval)    # more calls end meanwhile: one write for them all
-                self._urgent.clear()
+            self._wake.wait(self._until_due())
+            self._wake.clear()
             if self._closed:
                 return
             try:
-                until_expiry = self._expire()
-                if not self.flush():
-                    self._wake.set()            # try again after the next interval
+                self._expire()
+                due = self._due()
+                if due and not self.flush(due):
+                    self._retry_at = time.monotonic() + self.interval
             except Exception:       # the flusher must outlive any one failure
                 logger.exception('Gateway limits flush failed; will retry')
-                self._wake.set()
+                self._retry_at = time.monotonic() + self.interval
 
     def _after_fork(self) -> None:
         # The parent's spend and reserves are the parent's to write; this child starts empty.
@@ -485,7 +535,7 @@ class Limiter:
         self._lock, self._flushing = _list_lock(), threading.Lock()
         for plan in self._plans.values():
             plan.asking = None          # the parent's ask, answered in the parent
-        self._wake, self._urgent = threading.Event(), threading.Event()
+        self._wake, self._retry_at = threading.Event(), 0.0
         self._thread = None
 
 
