@@ -200,11 +200,49 @@ class _WatchedConnect:
         _adopt(self.sock)
 
 
-class WatchedHTTPConnection(_WatchedConnect, HTTPConnection):
+class _OneSend:
+    """Connection mixin: a request's head goes out with its body in one send.
+
+    urllib3 sends the head (``endheaders``) and then the body: two syscalls and, with
+    ``TCP_NODELAY``, two segments for every provider call. The head is held here until the
+    body's send, which carries both; a request without a body sends its head as before.
+    """
+
+    _body_follows = False
+    _holding = False
+    _head: bytes | None = None
+
+    def request(self, method, url, body=None, headers=None, **kw):
+        self._body_follows = type(body) is bytes and len(body) > 0
+        try:
+            return super().request(method, url, body=body, headers=headers, **kw)
+        finally:
+            self._body_follows = False
+            self._head = None
+
+    def endheaders(self, message_body=None, *, encode_chunked=False):
+        self._holding = self._body_follows      # the one send endheaders makes is the head
+        try:
+            return super().endheaders(message_body, encode_chunked=encode_chunked)
+        finally:
+            self._holding = False
+
+    def send(self, data):
+        if self._holding:
+            self._head = data
+            return
+        head = self._head
+        if head is not None:
+            self._head = None
+            data = head + data
+        super().send(data)
+
+
+class WatchedHTTPConnection(_WatchedConnect, _OneSend, HTTPConnection):
     pass
 
 
-class WatchedHTTPSConnection(_WatchedConnect, HTTPSConnection):
+class WatchedHTTPSConnection(_WatchedConnect, _OneSend, HTTPSConnection):
     pass
 
 

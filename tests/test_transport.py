@@ -8,6 +8,7 @@ every attempt is visible.
 from __future__ import annotations
 
 import email.utils
+import http.client
 import json
 import time
 
@@ -35,6 +36,23 @@ def test_429_with_retry_after_then_success(server):
     assert transport.post(server.url + '/x', {}, {'a': 1}) == {'ok': True}
     assert sleeps == [3.0] and len(server.received) == 2
     assert server.received[0][2] == server.received[1][2] == b'{"a": 1}'
+
+
+def test_a_request_goes_out_head_and_body_in_one_send_and_a_bodyless_one_still_goes(server, monkeypatch):
+    # urllib3 sends the head, then the body: two syscalls (and segments) a provider call.
+    sent: list[bytes] = []
+    original = http.client.HTTPConnection.send
+    monkeypatch.setattr(http.client.HTTPConnection, 'send', lambda conn, data: (sent.append(data),
+                                                                                original(conn, data))[1])
+    server.script = [(200, {}, b'{"ok": true}', 0), (200, {}, b'{"ok": 2}', 0), (200, {}, b'{"ok": 3}', 0)]
+    transport, _ = make()
+    for body in ({'a': 1}, {'b': 2}):
+        assert transport.post(server.url + '/x', {}, body)['ok']
+    assert len(sent) == 2 and all(data.startswith(b'POST /x HTTP/1.1') for data in sent)
+    assert sent[0].endswith(b'\r\n\r\n{"a": 1}') and sent[1].endswith(b'\r\n\r\n{"b": 2}')
+    assert [r[2] for r in server.received] == [b'{"a": 1}', b'{"b": 2}']
+    assert transport.get(server.url + '/y', {}) == {'ok': 3}          # no body: the head alone
+    assert sent[2].startswith(b'GET /y HTTP/1.1') and sent[2].endswith(b'\r\n\r\n')
 
 
 def test_retry_after_ms_wins_over_retry_after(server):
