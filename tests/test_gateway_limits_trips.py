@@ -60,6 +60,9 @@ def gateway(redis_server, provider):
                  'max_retries': 0, 'pricing': {'input': 2, 'output': 8}}],
     })
     registry.usage.flush_interval = 3600        # its flusher would add round trips of its own
+    # Each request's round trips as if it were alone: none skips its PING for another's answer of a
+    # moment ago (tested on its own below).
+    routes.gateway_for(registry).ledger.fresh = 0.0
     yield registry
     registry.close()
 
@@ -330,6 +333,41 @@ def test_a_plain_response_asks_redis_to_answer_before_the_provider_and_writes_it
     trips.count(lambda: respond(gateway, 'free', previous_response_id=previous))
     commands = [sent.split(b'\r\n')[2] for sent in trips.sent]
     assert b'GET' in commands and b'PING' not in commands and recorded(trips.sent[-1]) == 'completed'
+
+
+def test_a_plain_response_right_after_another_sends_no_ping(gateway, monkeypatch):
+    # Redis answered this process's records a moment ago: asking again would tell nothing new.
+    ledger = routes.gateway_for(gateway).ledger
+    ledger.fresh = 5.0          # ANSWERED_FRESH, long enough for a slow machine's next request
+    trips = Trips(monkeypatch)
+    respond(gateway, 'free')
+    assert trips.count(lambda: respond(gateway, 'free')) == 1
+    assert recorded(trips.sent[0]) == 'completed'
+    ledger.fresh = 0.05
+    time.sleep(0.06)
+    assert trips.count(lambda: respond(gateway, 'free')) == 2            # a while later it asks again
+    assert trips.sent[0] == b'*1\r\n$4\r\nPING\r\n'
+
+
+def test_redis_lost_just_after_it_answered_costs_one_call_its_tokens_and_then_none(gateway, redis_server,
+                                                                                   provider):
+    ledger = routes.gateway_for(gateway).ledger
+    ledger.fresh = 5.0
+    respond(gateway, 'free')
+    asked = len(provider.requests)
+    redis_server.stop()
+    try:
+        status, _, body = respond(gateway, 'free')          # within the moment: no PING, the ending fails
+        assert status == 503 and b'store' in body
+        assert len(provider.requests) == asked + 1
+        ledger.fresh = 0.05
+        time.sleep(0.06)
+        status, _, body = respond(gateway, 'free')
+        assert status == 503 and b'store' in body
+        assert len(provider.requests) == asked + 1          # asked first now: no tokens spent
+    finally:
+        redis_server.start()
+    assert respond(gateway, 'free')[0] == 200
 
 
 def test_a_plain_response_with_redis_down_is_a_503_before_the_provider(gateway, redis_server, provider):

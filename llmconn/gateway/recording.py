@@ -9,8 +9,9 @@ call goes, so a record is saved exactly where a chat turn would be::
                 in_progress (its client has the id from response.created on; a key with limits is
                 admitted in the same round trip; refused, the record goes again); a plain response's
                 id is known to nobody before its ending, so Redis is only asked to answer: a PING
-                (the key's admission in the same send), or nothing when the call read its previous
-                response's record and has no admission to send
+                (the key's admission in the same send), or nothing when the call has no admission
+                to send and read its previous response's record, or Redis answered this process's
+                records within the last ANSWERED_FRESH (0.25 s): under load, never
     ended       completed / incomplete, before the answer (or response.completed) goes out: a client
                 that has it can continue from its id at once, on any gateway process sharing the Redis
     failed      failed, a backend that fails before its first event included (the error's code only,
@@ -69,7 +70,9 @@ class ResponseRecord:
         gw, call, adm = self.gw, self.call, self.admission
         rider = adm.admit_rider() if adm is not None else None
         if not call.stream:
-            if rider is not None or call.previous is None:      # else Redis answered this request already
+            # Not when Redis answered this request already (its previous response), or this process a
+            # moment ago: an outage since costs that call's tokens, as one during the call would.
+            if rider is not None or (call.previous is None and not gw.ledger.answered_lately()):
                 gw.ledger.reach(rider)
             return
         try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import time
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -62,6 +63,7 @@ class StoreMode(str, Enum):
 _RESPONSE_ID = re.compile(r'^resp_[0-9a-f]{48}$')
 MAX_CONNECTIONS = 100               # the records' connections to Redis, per gateway process
 CONNECTION_WAIT = 5.0               # how long a request waits for one of them before a 503
+ANSWERED_FRESH = 0.25               # s: Redis answered the records' connections this lately: no need to ask
 
 
 def new_response_id() -> str:
@@ -101,10 +103,13 @@ def burst_client(store: 'ChatStore') -> Any:
 class RecordStore:
     """Whole JSON records and values with an expiry, in the chat store's Redis."""
 
+    fresh = ANSWERED_FRESH
+
     def __init__(self, store: 'ChatStore') -> None:
         self._client = burst_client(store)
         self._own_pool = self._client is not store.client
         self._held = HeldConnections(self._client) if self._own_pool else None
+        self._answered = float('-inf')          # when Redis last answered an exchange of the records' own pool
 
     @property
     def client(self) -> Any:
@@ -126,6 +131,11 @@ class RecordStore:
         ``rider``'s command (a key's admission) in the same send. Raises
         :class:`~llmconn.errors.StoreError` when Redis does not answer."""
         self._with_rider(('PING',), rider)
+
+    def answered_lately(self) -> bool:
+        """Whether Redis answered this process's records within :attr:`fresh` seconds (their own pool
+        only): under load, a call's :meth:`reach` would ask what the last exchange told a moment ago."""
+        return time.monotonic() - self._answered < self.fresh
 
     def _with_rider(self, command: tuple, rider: Any) -> None:
         """``command``, and ``rider``'s own (when it has one) in the same send; an error reply of
@@ -169,7 +179,9 @@ class RecordStore:
                 pipe.execute_command(*command)
             return pipe.execute(raise_on_error=False)
         count = len(commands)
-        return self._held.exchange(commands, lambda conn: _replies(conn, count))
+        replies = self._held.exchange(commands, lambda conn: _replies(conn, count))
+        self._answered = time.monotonic()
+        return replies
 
     def get(self, tenant: str, response_id: str) -> dict | None:
         """The record of ``tenant``'s response, or None (unknown, expired, another tenant's, malformed id)."""
