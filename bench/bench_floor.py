@@ -20,12 +20,15 @@ connections asking one after another. The ways:
     responses-claude   gateway POST /v1/responses, a Claude backend (for information: no floor of its own)
 
 each plain and streamed (``+sse``). A block is ``--requests`` requests of one
-way; every round runs one block of each way, in an order shuffled anew each
-round, so drift on a shared machine hits every way alike. A block's figure is
-the CPU time (the scheduler's nanosecond count of every thread) the answering server process used
-during it, divided by its requests; a way's figure is the median of its
-rounds, and a ratio the median of the rounds' ratios. The fake's CPU and the
-client's are not counted. Targets (plain): chat ≤ 1.5 × floor-chat,
+way; every round runs one block of each way, a gateway way's block right
+before or after its floor's (groups and their order drawn anew each round),
+so a ratio's two blocks see the same machine. A block's figure is the CPU
+time (the scheduler's nanosecond count of every thread) the answering server
+process used during it, divided by its requests; a way's figure is the
+median of its rounds, and a ratio the geometric mean of the rounds' ratios
+without the tenth at each end, with its 95 % interval
+(:func:`common.trimmed_ratio`): many short rounds pin it down better than
+a few long ones. The fake's CPU and the client's are not counted. Targets (plain): chat ≤ 1.5 × floor-chat,
 responses ≤ 2 × floor-responses.
 
     .venv/bin/python bench/bench_floor.py [--quick] [--rounds R] [--requests N] [--clients C] [--ways W,...]
@@ -56,17 +59,18 @@ from urllib.parse import urlsplit  # noqa: E402
 
 import urllib3  # noqa: E402
 
-from common import cpu_seconds, free_port, run_block, start_redis  # noqa: E402
+from common import cpu_seconds, free_port, run_block, start_redis, trimmed_ratio  # noqa: E402
 from llmconn.demo import start_server, stop, wait_until_up  # noqa: E402
 from llmconn.testing.fake_server import FakeProviderServer  # noqa: E402
 
 KEY = 'sk-bench-floor-key'
-ROUNDS = 7
-REQUESTS = 400                  # per block; at CLK_TCK 100 a block of ~1 ms requests reads to ±2.5 %
+ROUNDS = 28
+REQUESTS = 100                  # per block
 CLIENTS = 1
 QUICK = {'rounds': 2, 'requests': 20}
 SETTLE = 0.02                   # seconds after a block before its CPU is read: the last answer's tail
 TARGETS = {'chat': ('floor-chat', 1.5), 'responses': ('floor-responses', 2.0)}
+FLOOR_OF = {'chat': 'floor-chat', 'responses': 'floor-responses', 'responses-claude': 'floor-responses'}
 QUESTION = 'hello gateway'
 POOL_SIZE = 64                  # connections the floor keeps to the fake (at least --clients)
 
@@ -211,10 +215,15 @@ def measure(table: dict, pids: dict, rounds: int, count: int, clients: int, seed
         run_block(pools, url, body, headers, max(clients, 20))
     samples: dict = {name: [] for name in table}
     walls: dict = {name: [] for name in table}
-    order, shuffle = list(table), random.Random(seed).shuffle
+    groups: dict = {}
+    for name in table:
+        groups.setdefault(floor_of(name), []).append(name)
+    order, shuffle = list(groups.values()), random.Random(seed).shuffle
     for _ in range(rounds):
         shuffle(order)
-        for name in order:
+        for group in order:
+            shuffle(group)
+        for name in (name for group in order for name in group):
             server, url, body, headers = table[name]
             time.sleep(SETTLE)
             before, started = cpu_seconds(pids[server]), time.perf_counter()
@@ -234,15 +243,25 @@ def idle_rate(pid: int, seconds: float = 2.0) -> float:
     return (cpu_seconds(pid) - before) / seconds
 
 
-def round_ratio(samples: dict, way: str, other: str) -> float:
-    """``way``'s CPU per request over ``other``'s: the median of the rounds' ratios.
+def floor_of(name: str) -> str:
+    """The floor way a way is measured against (a floor way: itself), ``+sse`` and ``@DIR`` kept apart."""
+    way = name.partition('@')[0]
+    base, plus, sse = way.partition('+')
+    return FLOOR_OF.get(base, base) + plus + sse
 
-    The two ran in the same round, seconds apart, so a round's ratio
-    is about the code, while the machine's load (other processes make every
+
+def round_ratio(samples: dict, way: str, other: str) -> tuple[float, str]:
+    """``way``'s CPU per request over ``other``'s and its 95 % interval, from the rounds' ratios.
+
+    The two ran in the same round, back to back when ``other`` is ``way``'s floor, so a
+    round's ratio is about the code, while the machine's load (other processes make every
     process's CPU per request grow, by half on a busy machine) moves both.
     """
     ratios = [a / b for a, b in zip(samples[way], samples[other]) if b]
-    return statistics.median(ratios) if ratios else float('inf')
+    if not ratios:
+        return float('inf'), ''
+    ratio, low, high = trimmed_ratio(ratios)
+    return ratio, f'({low:.2f}-{high:.2f})'
 
 
 def print_table(samples: dict, walls: dict, args: argparse.Namespace, idle: dict) -> dict:
@@ -260,17 +279,20 @@ def print_table(samples: dict, walls: dict, args: argparse.Namespace, idle: dict
         for suffix in ('', '+sse'):
             if way + suffix not in samples or floor + suffix not in samples:
                 continue
-            ratio = round_ratio(samples, way + suffix, floor + suffix)
+            ratio, interval = round_ratio(samples, way + suffix, floor + suffix)
             verdict = ('yes' if ratio <= target else 'NO') if not suffix else 'reported'
-            print(f'{way + suffix:>16} / {floor + suffix:<20} {ratio:5.2f}  target ≤ {target:g}: {verdict}')
+            print(f'{way + suffix:>16} / {floor + suffix:<20} {ratio:5.2f} {interval:>11}  target ≤ {target:g}: '
+                  f'{verdict}')
     for suffix in ('', '+sse'):
         claude, floor = 'responses-claude' + suffix, 'floor-responses' + suffix
         if claude in samples and floor in samples:
-            print(f'{claude:>16} / {floor:<20} {round_ratio(samples, claude, floor):5.2f}  (information)')
+            ratio, interval = round_ratio(samples, claude, floor)
+            print(f'{claude:>16} / {floor:<20} {ratio:5.2f} {interval:>11}  (information)')
     for name in samples:
         way, _, base = name.partition('@')
         if base and way in samples:
-            print(f'{way:>16} this checkout / {base}: {round_ratio(samples, way, name):5.2f}')
+            ratio, interval = round_ratio(samples, way, name)
+            print(f'{way:>16} this checkout / {base}: {ratio:5.2f} {interval}')
     return median
 
 

@@ -34,7 +34,6 @@ monkey.patch_all()
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -44,7 +43,7 @@ from pathlib import Path  # noqa: E402
 import urllib3  # noqa: E402
 
 from bench_gateway import process_tree  # noqa: E402
-from common import cpu_seconds, free_port, run_block, start_redis  # noqa: E402
+from common import cpu_seconds, free_port, run_block, start_redis, trimmed_ratio  # noqa: E402
 from llmconn.demo import start_server, stop  # noqa: E402
 from llmconn.testing.fake_server import FakeProviderServer  # noqa: E402
 
@@ -52,7 +51,6 @@ KEYS = {'free': 'sk-bench-limits-free-key', 'limited': 'sk-bench-limits-limited-
 LIMITS = '{rpm: 100000000, tpm: 1000000000000, budget_usd: 1000000000, budget_period: month}'
 TARGET = 1.05
 ROUNDS, BLOCK, CLIENTS = 120, 60, 8
-TRIM = 0.1                      # of the rounds' ratios, left out at each end
 QUESTION = [{'role': 'user', 'content': 'hello gateway'}]
 
 
@@ -147,15 +145,6 @@ def main() -> int:
               f'{ratio:7.3f} {low:7.3f}-{high:.3f} {totals:10.3f}  limits on ≤ {TARGET} × off: {verdict}')
     return 0
 
-
-def trimmed_ratio(ratios: list[float]) -> tuple[float, float, float]:
-    """The geometric mean of ``ratios`` without the tenth at each end, and its 95 % interval."""
-    logs = sorted(math.log(r) for r in ratios)
-    cut = int(len(logs) * TRIM)
-    kept = logs[cut:len(logs) - cut] or logs
-    mean = statistics.fmean(kept)
-    error = 2 * statistics.stdev(kept) / math.sqrt(len(kept)) if len(kept) > 1 else 0.0
-    return math.exp(mean), math.exp(mean - error), math.exp(mean + error)
 
 
 if __name__ == '__main__':

@@ -7,6 +7,7 @@ benchmark patches.
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 import socket
@@ -121,3 +122,21 @@ def run_block(pools: list, url: str, body: bytes, headers: dict, count: int) -> 
     for index, pool in enumerate(pools):
         group.spawn(client, pool, share + (index < extra))
     group.join(raise_error=True)
+
+
+TRIM = 0.1              # of the rounds' ratios, left out at each end by trimmed_ratio
+
+
+def trimmed_ratio(ratios: list[float]) -> tuple[float, float, float]:
+    """The geometric mean of ``ratios`` without the tenth at each end, and its 95 % interval.
+
+    On a shared two-core machine a block's CPU per request moves by a tenth or more between two
+    blocks run back to back, and a round the machine disturbed lies far out: left out, the rest
+    averaged (their logarithms), the interval twice the mean's standard error.
+    """
+    logs = sorted(math.log(r) for r in ratios)
+    cut = int(len(logs) * TRIM)
+    kept = logs[cut:len(logs) - cut] or logs
+    mean = statistics.fmean(kept)
+    error = 2 * statistics.stdev(kept) / math.sqrt(len(kept)) if len(kept) > 1 else 0.0
+    return math.exp(mean), math.exp(mean - error), math.exp(mean + error)
