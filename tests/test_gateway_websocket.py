@@ -45,6 +45,7 @@ KEYS = {
     'b': ('sk-gw-ws-tenant-b-secret', 'tenant-b', 'standard', '{}'),
     'zero': ('sk-gw-ws-tenant-z-secret', 'tenant-z', 'zero', '{}'),
     'rpm': ('sk-gw-ws-limited-secret', 'tenant-r', 'standard', '{rpm: 2}'),
+    'warm': ('sk-gw-ws-warm-up-secret', 'tenant-w', 'standard', '{rpm: 2}'),
 }
 
 
@@ -634,3 +635,37 @@ def test_a_message_in_many_fragments_is_assembled(stack):
             answer += chunk
     finally:
         sock.close()
+
+
+def test_a_warm_up_records_its_input_without_the_provider_and_the_next_response_continues_it(stack):
+    # generate: false (as OpenClaw sends first on every socket): the request's state, no model output.
+    stack.fake.clear()
+    with stack.client().responses.connect() as conn:
+        conn.response.create(model='Chat', input=[{'role': 'developer', 'content': 'the word is teal'}],
+                             instructions='be brief', generate=False)
+        events = response_events(conn)
+        check_stream(events)
+        assert [e['type'] for e in events] == ['response.created', 'response.in_progress', 'response.completed']
+        warm = events[-1]['response']
+        assert warm['output'] == [] and warm['usage']['total_tokens'] == 0
+        assert stack.fake.requests == []                                  # the provider was not asked
+        answer = completed(conn, model='Chat', input='which word?', previous_response_id=warm['id'])
+    assert answer['previous_response_id'] == warm['id']
+    sent = [r['body'] for r in stack.fake.requests if r['path'].endswith('/chat/completions')]
+    assert len(sent) == 1
+    # The warm-up's input goes first; its instructions, as any response's, do not carry over.
+    assert [m['content'] for m in sent[0]['messages']] == ['the word is teal', 'which word?']
+    assert stack.record('a', warm['id'])['status'] == 'completed'
+
+
+def test_a_warm_up_counts_against_the_rpm_and_a_bad_generate_is_refused(stack):
+    with raw_socket(stack) as ws:
+        send_create(ws, model='Chat', input='hi', generate='no')
+        event = json.loads(ws.recv(timeout=20))
+        assert event['type'] == 'error' and event['error']['param'] == 'generate'
+    with stack.client('warm').responses.connect() as conn:
+        codes = []
+        for _ in range(5):          # an rpm of 2: at most 4 across a minute's edge
+            conn.response.create(model='Chat', input='hi', generate=False)
+            codes.append(response_events(conn)[-1].get('status', 200))
+    assert 429 in codes and set(codes) == {200, 429}, codes

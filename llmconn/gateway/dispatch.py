@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator
 from llmconn.errors import LLMConnError
 from llmconn.gateway import backend
 from llmconn.gateway.recording import ResponseRecord
-from llmconn.gateway.response_objects import response_object
+from llmconn.gateway.response_objects import response_object, usage_object
+from llmconn.gateway.response_record import record
 from llmconn.gateway.responses import Call
 from llmconn.gateway.stream import ResponseEvents, sse
 
@@ -52,6 +53,23 @@ def stream(gw: Any, call: Call, encode: Callable[[dict], Any] = sse) -> Iterator
     # Made after the first event: a fallback that took the call over is named from response.created on.
     rec.normalizer = ResponseEvents(response_object(call, 'in_progress', [], None))
     return _body(rec, itertools.chain([first], events), events, encode)
+
+
+def warm(gw: Any, call: Call, encode: Callable[[dict], Any] = sse) -> Iterator:
+    """The events of a warm-up (the WebSocket mode's ``generate: false``): a response that records
+    its request's input and settings for the next one to continue, without asking the provider.
+
+    Recorded ``completed``, with no output and no usage, before its first event goes out (a key
+    with limits admitted first: it counts as a request); its id continues as any response's does.
+    """
+    if call.admission is not None:
+        call.admission.admit()
+    usage = usage_object(0, 0)
+    gw.ledger.save(record(call, 'completed', usage, []), call.expiry)
+    events = ResponseEvents(response_object(call, 'in_progress', [], None))
+    final = response_object(call, 'completed', [], usage)
+    encoded = [encode(event) for event in events.start() + events.prepared(final)]
+    return (text for text in encoded)           # an iterator that closes, as a stream's body does
 
 
 def _body(rec: ResponseRecord, events: Iterator, provider: Any, encode: Callable[[dict], Any]) -> Iterator:

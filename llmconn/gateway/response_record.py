@@ -66,8 +66,8 @@ def record(call: Call, status: str, usage: dict | None, output: list, *, provide
         # A provider's message may quote the prompt (a 400 naming the bad input): without retention
         # only its code is kept.
         rec['error'] = error if keep_text else {'code': error.get('code') or 'server_error'}
-    if call.mode == StoreMode.GATEWAY and keep_text and status in CONTINUABLE and answer is not None:
-        rec['context'] = call.context + [answer]
+    if call.mode == StoreMode.GATEWAY and keep_text and status in CONTINUABLE and (answer is not None or call.warm):
+        rec['context'] = call.context + ([answer] if answer is not None else [])     # a warm-up's: its input
     return rec
 
 

@@ -85,6 +85,7 @@ class Call:
     served: Any = None              # the fallback that answered, once one took the call over
     body: dict = field(default_factory=dict, repr=False)    # the request, for a fallback's settings
     admission: Any = None           # the key's limits (llmconn.gateway.limits), None for a key without
+    warm: bool = False              # generate: false (WebSocket mode): prepares state, no model output
 
     @property
     def answering(self) -> Any:
@@ -99,9 +100,14 @@ class Call:
         self.settings = effective.settings(fallback, self.body, self.downgrades)
 
 
-def prepare(gw: Any, key: Any, body: Any, admission: Any = None) -> Call:
+def prepare(gw: Any, key: Any, body: Any, admission: Any = None, generate: bool = True) -> Call:
     """Check a create request whole, before any network call, and resolve it into a :class:`Call`
-    (counted against ``admission``, the key's limits, when it has them)."""
+    (counted against ``admission``, the key's limits, when it has them).
+
+    ``generate=False`` (the WebSocket mode's warm-up) prepares a response that only records its
+    input, for the next to continue: the gateway keeps its items even for a backend that keeps
+    state (the next response sends them), so it cannot continue a chain such a backend keeps.
+    """
     if not isinstance(body, dict):
         raise GatewayError('the request body must be a JSON object')
     model = body.get('model')
@@ -117,13 +123,21 @@ def prepare(gw: Any, key: Any, body: Any, admission: Any = None) -> Call:
         mod_items.check_text(instructions, 'instructions')
     new_items, sealer = _new_items(gw, key, body, sealing)
     previous = _previous(gw, key, body.get('previous_response_id'), conn)
-    mode = StoreMode.NONE if not store else StoreMode.PROVIDER if conn.provider.keeps_state else \
+    if not generate and _provider_kept(previous):
+        raise GatewayError('generate: false cannot continue a response its backend keeps (it has no state '
+                           'to prepare there); send the input with the next response instead',
+                           param='previous_response_id')
+    mode = StoreMode.NONE if not store else StoreMode.PROVIDER if conn.provider.keeps_state and generate else \
         StoreMode.NONE if key.retention == Retention.ZERO else StoreMode.GATEWAY
-    context, conversation = _conversation(previous, new_items, instructions or '', policy, resolution)
-    check_history(RESPONSES, backend.kind(conn), conversation)
     custom = mod_tools.custom_names(hosted)
-    mod_tools.check_items(conn, context, custom)
-    backend.check_replay(conn, conversation)
+    if generate:
+        context, conversation = _conversation(previous, new_items, instructions or '', policy, resolution)
+        check_history(RESPONSES, backend.kind(conn), conversation)
+        mod_tools.check_items(conn, context, custom)
+        backend.check_replay(conn, conversation)
+    else:       # nothing is sent: the items are checked whole, as a conversation, by the response continuing them
+        context = list(previous.get('context') or ()) + new_items if previous else list(new_items)
+        conversation = mod_items.Conversation(instructions or '', (), '')
     if resolution.downgrades:
         logger.info('Downgrade accepted: tenant=%s key=%s model=%s losses=%s', key.tenant, key.id, model,
                     ','.join(resolution.downgrades))
@@ -135,7 +149,8 @@ def prepare(gw: Any, key: Any, body: Any, admission: Any = None) -> Call:
                 provider_previous_id=previous['provider_response_id'] if _provider_kept(previous) else '',
                 tools=tools, hosted=hosted, sealer=sealer if sealing else None, custom=custom,
                 echo_tools=[_echo(t) for t in tools] + [h for h in hosted if h.get('type') == 'custom'],
-                settings=effective.settings(conn, body, resolution.downgrades), admission=admission)
+                settings=effective.settings(conn, body, resolution.downgrades), admission=admission,
+                warm=not generate)
     if mode != StoreMode.PROVIDER and not call.provider_previous_id:      # else only its backend can continue it
         call.fallbacks = fallbacks.usable(conn, lambda fallback: _can_take(key, fallback, body, include, policy,
                                                                            resolution, call))

@@ -30,6 +30,10 @@ sequence, each continuing any earlier one.
   (close code 1009), and only that one (:mod:`llmconn.websocket`).
 - ``stream`` is implicit (``stream: false`` is refused), ``stream_id``
   (parallel lanes) is refused: one socket carries one response at a time.
+- ``generate: false`` warms up: the response records its input and
+  settings without asking the provider (``response.created``,
+  ``response.in_progress``, ``response.completed`` with no output and no
+  usage), and the next response continues it with ``previous_response_id``.
 """
 
 from __future__ import annotations
@@ -114,9 +118,10 @@ class Session:
             except GatewayError as e:
                 routes.count_refused(gw, key, e)
                 raise
-            events, _ = routes.admitted(gw, key, 'responses', body,
-                                        lambda adm: dispatch.stream(gw, responses.prepare(gw, key, body, adm),
-                                                                    jsontext.dumps))
+            generate = body.pop('generate', True)
+            events, _ = routes.admitted(gw, key, 'responses', body, lambda adm: (dispatch.stream if generate else
+                                        dispatch.warm)(gw, responses.prepare(gw, key, body, adm, generate),
+                                                       jsontext.dumps))
         except Exception as e:
             event = error_event(e, self.cid)
             ws.send_text(jsontext.dumps(event))
@@ -157,6 +162,8 @@ def create_body(message: str | bytes) -> dict:
                            'time; leave stream_id out, or open another socket', param='stream_id')
     if body.get('stream', True) is not True:
         raise GatewayError('over a WebSocket every response is streamed; leave stream out', param='stream')
+    if not isinstance(body.get('generate', True), bool):
+        raise GatewayError('generate must be true or false', param='generate')
     body['stream'] = True
     return body
 

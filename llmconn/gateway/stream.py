@@ -121,6 +121,11 @@ class ResponseEvents:
                                                                                            'response.failed')
         return out + [self._event(kind, response=self.response)]
 
+    def prepared(self, final: dict) -> list[dict]:
+        """A response that made no output (a warm-up, ``generate: false``) ends with ``final``."""
+        self.response = dict(final, output=[])
+        return [self._event('response.completed', response=self.response)]
+
     def fail(self, final: dict) -> list[dict]:
         """The provider failed mid-answer: the items so far close and ``response.failed`` ends the stream."""
         out = self._close()
