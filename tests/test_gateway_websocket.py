@@ -669,3 +669,53 @@ def test_a_warm_up_counts_against_the_rpm_and_a_bad_generate_is_refused(stack):
             conn.response.create(model='Chat', input='hi', generate=False)
             codes.append(response_events(conn)[-1].get('status', 200))
     assert 429 in codes and set(codes) == {200, 429}, codes
+
+
+def test_the_sdk_reconnects_after_a_restart_s_1001_and_continues_the_conversation(tmp_path):
+    # A rolling restart: the old process closes its waiting socket with 1001 (going away), the SDK
+    # reconnects to the new one on the same port, and the chain goes on from Redis.
+    redis_server = RedisServer().start()
+    fake = FakeProviderServer().start()
+    config = tmp_path / 'llm.yaml'
+    config.write_text(f'''
+redis: {{url: "{redis_server.url}"}}
+gateway:
+  keys: [{{id: k, secret: {KEYS["a"][0]}, tenant: t, models: ["*"]}}]
+llm:
+  - {{name: Chat, provider: openai, model: gpt-4.1, address: "{fake.url}/v1", max_retries: 0}}
+''')
+    (tmp_path / 'services').mkdir()
+    port = free_port()
+    proc = start_server(config, tmp_path / 'services', port)
+    codes: list = []
+
+    def reconnecting(event):
+        codes.append(event.close_code)
+        return None
+    try:
+        client = OpenAI(base_url=f'http://127.0.0.1:{port}/v1', api_key=KEYS['a'][0], max_retries=0, timeout=20)
+        with client.responses.connect(on_reconnecting=reconnecting) as conn:
+            first = completed(conn, model='Chat', input='turn 0')
+            got: list = []
+
+            def read():         # the SDK reconnects where it reads: iterating the connection
+                for event in conn:
+                    got.append(event)
+                    if event.type in ENDINGS:
+                        return
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            stop(proc)
+            proc = start_server(config, tmp_path / 'services', port)
+            wait_for(lambda: codes, 'the SDK to reconnect')
+            conn.response.create(model='Chat', input='turn 1', previous_response_id=first['id'])
+            reader.join(30)
+        assert codes[0] == 1001, codes
+        assert got and got[-1].type == 'response.completed', got[-1:]
+        assert got[-1].response.previous_response_id == first['id']
+        sent = [r['body']['messages'] for r in fake.requests if r['path'].endswith('/chat/completions')]
+        assert [m['content'] for m in sent[-1] if m['role'] == 'user'] == ['turn 0', 'turn 1']
+    finally:
+        stop(proc)
+        fake.stop()
+        redis_server.stop()
