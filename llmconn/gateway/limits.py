@@ -138,8 +138,10 @@ class Plan:
             self.want = max(RESERVE_MIN, reserve.size // 2)
 
     def spent(self, tokens: int, cost: int) -> None:
-        self.max_tokens = max(self.max_tokens, tokens)
-        self.max_cost = max(self.max_cost, cost)
+        if tokens > self.max_tokens:
+            self.max_tokens = tokens
+        if cost > self.max_cost:
+            self.max_cost = cost
 
 
 class Kept:
@@ -217,19 +219,21 @@ class Grant:
         return rate_headers(self.plan, self.requests, self.tokens, self.reset)
 
 
+# The reset headers of each whole second to the next minute (1 to 60), made once.
+_RESETS = [(('x-ratelimit-reset-requests', f'{s}s'), ('x-ratelimit-reset-tokens', f'{s}s')) for s in range(61)]
+
+
 def rate_headers(plan: Plan, requests: int, tokens: int, reset: float) -> list[tuple[str, str]]:
     requests_limit, tokens_limit = plan.fixed
     seconds = int(reset + 0.999)
-    after = f'{seconds if seconds > 1 else 1}s'
+    reset_requests, reset_tokens = _RESETS[seconds if 1 < seconds <= 60 else 1 if seconds <= 1 else 60]
     headers = []
     if requests_limit is not None:
         left = plan.rpm - requests
-        headers += [requests_limit, ('x-ratelimit-remaining-requests', str(left if left > 0 else 0)),
-                    ('x-ratelimit-reset-requests', after)]
+        headers += (requests_limit, ('x-ratelimit-remaining-requests', str(left if left > 0 else 0)), reset_requests)
     if tokens_limit is not None:
         left = plan.tpm - tokens
-        headers += [tokens_limit, ('x-ratelimit-remaining-tokens', str(left if left > 0 else 0)),
-                    ('x-ratelimit-reset-tokens', after)]
+        headers += (tokens_limit, ('x-ratelimit-remaining-tokens', str(left if left > 0 else 0)), reset_tokens)
     return headers
 
 
@@ -568,7 +572,8 @@ class Admission:
         return self.grant
 
     def headers(self) -> list[tuple[str, str]]:
-        return (self.grant or self.admit()).headers()
+        grant = self.grant or self.admit()
+        return rate_headers(grant.plan, grant.requests, grant.tokens, grant.reset)
 
     def settle(self, conn: Any, usage: dict) -> None:
         """Count what ``conn``'s call spent, ``usage`` (once): kept in the process, written by the next
