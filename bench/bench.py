@@ -287,9 +287,9 @@ def bench_replicas(plain, durable, scale) -> list:
                                                                                 keys.saved)
     turn = json.dumps(Turn(user='m 1', assistant='bench-model says hello', ts=time.time()).to_dict()).encode()
     # The usage ledger's counters, as a chat's save carries them (the replica applies those too).
-    ledger_key, increments, *expiry = plain.usage.call(plain.name, plain.conf.model).save_entry(
+    saved = plain.usage.call(plain.name, plain.conf.model).save_entry(
         plain.name, 'replicas-alone', {'usage': {'input_tokens': 12, 'output_tokens': 7}}, None)
-    counters = increments_arg(increments, expiry[0] if expiry else 0)
+    ledger_key, counters = saved.key, increments_arg(saved.counts, saved.expiry)
 
     def save(wait: bool):
         def call(i):

@@ -113,7 +113,7 @@ def measure(redis_url: str, provider, n: int, rounds: int) -> list:
         for state, observer in (('off', None), ('on', metrics)):
             kinds[('chat', state)] = observed(observer, lambda i: conn.chat(f'message {i}', chat_id='metrics'))
             kinds[('no_store', state)] = observed(
-                observer, lambda i: conn._drain(conn._call(Request(f'message {i}', '', window))))
+                observer, lambda i: conn._answer(Request(f'message {i}', '', window)))
         times = {label: interleaved(kinds, n, rounds, clock=clock)
                  for label, clock in (('CPU', time.process_time), ('wall', time.perf_counter))}
         observe.install(metrics)
