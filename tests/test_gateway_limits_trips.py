@@ -126,6 +126,15 @@ def kept_of(lim: limits.Limiter, key_id: str) -> tuple[int, int]:
     return (kept.tokens, kept.cost) if kept is not None else (0, 0)
 
 
+def burst(ask, registry, key: str, calls: int):
+    """``calls`` requests of ``key`` one after another through ``ask`` (chat or respond), each a 200."""
+    def run() -> None:
+        for _ in range(calls):
+            status, headers, body = ask(registry, key)
+            assert status == 200, body
+    return run
+
+
 def lone(fn):
     """``fn`` as a request of a key not busy in this process: its last one admitted a while ago."""
     time.sleep(limits.RESERVE_LIFETIME + 0.05)
@@ -171,12 +180,7 @@ def test_a_busy_key_admits_from_a_reserve_and_hands_back_what_it_did_not_use(gat
     ask(gateway, 'limited')
     lim.flush()
     calls = 3 * limits.RESERVE_MIN
-
-    def burst():
-        for _ in range(calls):
-            status, headers, body = ask(gateway, 'limited')
-            assert status == 200, body
-    sent = trips.count(burst)
+    sent = trips.count(burst(ask, gateway, 'limited', calls))
     admits = [m for m in trips.sent if m.count(b'EVALSHA')]
     # One script per reserve, not one per request (a Response's rides its record's write).
     assert len(admits) <= calls // limits.RESERVE_MIN + 2, (len(admits), sent)
@@ -196,12 +200,7 @@ def test_a_busy_key_s_reserve_doubles_while_it_is_used_up_and_halves_when_it_lap
     chat(gateway, 'busy')
     lim.flush()
     calls = 2 * limits.RESERVE_MAX
-
-    def burst():
-        for _ in range(calls):
-            status, headers, body = chat(gateway, 'busy')
-            assert status == 200, body
-    trips.count(burst)
+    trips.count(burst(chat, gateway, 'busy', calls))
     admits = [m for m in trips.sent if m.count(b'EVALSHA')]
     # 17, 33, 65, 129, 257, 257 requests a script: 6, where reserves of a fixed RESERVE_MIN take 31.
     assert len(admits) <= 7, len(admits)
@@ -392,7 +391,7 @@ def test_a_response_that_reaches_the_budget_writes_its_spend_with_its_ending(gat
     client.hset(limit_key('key-daily'), 's', 1000 * 1_000_000 - 1)      # a micro-USD short of the budget
     # The flush thread, woken at once near a limit, would race the ending for it (under gevent it runs
     # only once the request waits for Redis, by when the ending has taken it): parked here.
-    monkeypatch.setattr(lim, '_wake_flusher', lambda urgent: None)
+    monkeypatch.setattr(lim, '_wake_flusher', lambda: None)
     assert trips.count(lambda: respond(gateway, 'daily')) == 2           # no round trip of its own
     assert not lim._pending                                              # its ending carried it
     status, _, body = respond(gateway, 'daily')
@@ -413,7 +412,7 @@ def test_an_admission_waits_for_the_flush_that_is_writing_its_keys_spend(gateway
     # The flush takes the kept spend off the list before its write lands: an admission of that key
     # in between would run its script without the spend, and let one request past the tpm.
     lim = _park_limits_flusher(gateway)
-    monkeypatch.setattr(lim, '_wake_flusher', lambda urgent: None)     # this test runs the flush itself
+    monkeypatch.setattr(lim, '_wake_flusher', lambda: None)     # this test runs the flush itself
     assert chat(gateway, 'tight')[0] == 200
     assert kept_of(lim, 'key-tight')[0] > 1                  # past its tpm of 1, kept in the process
     write, writing = lim.redis.settle_many, threading.Event()

@@ -156,6 +156,21 @@ def raw_socket(stack, key: str = 'a', process: int = 0, **kw):
                       open_timeout=20, **kw)
 
 
+def one_key_config(tmp_path: Path, fake_url: str, redis_url: str = '') -> Path:
+    """A server of its own's llm.yaml (and services directory): key ``a`` and one Chat connection at the fake;
+    the embedded store unless ``redis_url``."""
+    config = tmp_path / 'llm.yaml'
+    redis = f'redis: {{url: "{redis_url}"}}\n' if redis_url else ''
+    config.write_text(f'''{redis}
+gateway:
+  keys: [{{id: k, secret: {KEYS["a"][0]}, tenant: t, models: ["*"]}}]
+llm:
+  - {{name: Chat, provider: openai, model: gpt-4.1, address: "{fake_url}/v1", max_retries: 0}}
+''')
+    (tmp_path / 'services').mkdir()
+    return config
+
+
 def send_create(ws, **body) -> None:
     ws.send(json.dumps({'type': 'response.create', **body}))
 
@@ -422,14 +437,7 @@ def test_the_documented_settings_load_and_bad_ones_name_the_field(tmp_path):
 def test_at_the_connection_limit_a_waiting_socket_is_evicted_first(tmp_path):
     """A socket waiting for its next message is idle to --max-connections: a new connection closes it."""
     fake = FakeProviderServer().start()
-    config = tmp_path / 'llm.yaml'
-    config.write_text(f'''
-gateway:
-  keys: [{{id: k, secret: {KEYS["a"][0]}, tenant: t, models: ["*"]}}]
-llm:
-  - {{name: Chat, provider: openai, model: gpt-4.1, address: "{fake.url}/v1", max_retries: 0}}
-''')
-    (tmp_path / 'services').mkdir()
+    config = one_key_config(tmp_path, fake.url)
     port = free_port()
     proc = start_server(config, tmp_path / 'services', port, extra=['--max-connections', '3'])
     try:
@@ -451,14 +459,7 @@ def test_on_shutdown_a_waiting_socket_closes_at_once_and_a_streaming_one_after_i
     """SIGTERM: the drain does not wait out its grace for sockets that only wait for their next message."""
     fake = FakeProviderServer().start()
     fake.latency = 2.0          # the provider is still thinking when the signal comes
-    config = tmp_path / 'llm.yaml'
-    config.write_text(f'''
-gateway:
-  keys: [{{id: k, secret: {KEYS["a"][0]}, tenant: t, models: ["*"]}}]
-llm:
-  - {{name: Chat, provider: openai, model: gpt-4.1, address: "{fake.url}/v1", max_retries: 0}}
-''')
-    (tmp_path / 'services').mkdir()
+    config = one_key_config(tmp_path, fake.url)
     port = free_port()
     grace = 60.0
     proc = start_server(config, tmp_path / 'services', port, extra=['--grace', str(grace)])
@@ -676,15 +677,7 @@ def test_the_sdk_reconnects_after_a_restart_s_1001_and_continues_the_conversatio
     # reconnects to the new one on the same port, and the chain goes on from Redis.
     redis_server = RedisServer().start()
     fake = FakeProviderServer().start()
-    config = tmp_path / 'llm.yaml'
-    config.write_text(f'''
-redis: {{url: "{redis_server.url}"}}
-gateway:
-  keys: [{{id: k, secret: {KEYS["a"][0]}, tenant: t, models: ["*"]}}]
-llm:
-  - {{name: Chat, provider: openai, model: gpt-4.1, address: "{fake.url}/v1", max_retries: 0}}
-''')
-    (tmp_path / 'services').mkdir()
+    config = one_key_config(tmp_path, fake.url, redis_server.url)
     port = free_port()
     proc = start_server(config, tmp_path / 'services', port)
     codes: list = []

@@ -226,7 +226,7 @@ _RESETS = [(('x-ratelimit-reset-requests', f'{s}s'), ('x-ratelimit-reset-tokens'
 def rate_headers(plan: Plan, requests: int, tokens: int, reset: float) -> list[tuple[str, str]]:
     requests_limit, tokens_limit = plan.fixed
     seconds = int(reset + 0.999)
-    reset_requests, reset_tokens = _RESETS[seconds if 1 < seconds <= 60 else 1 if seconds <= 1 else 60]
+    reset_requests, reset_tokens = _RESETS[min(max(seconds, 1), 60)]
     headers = []
     if requests_limit is not None:
         left = plan.rpm - requests
@@ -317,7 +317,7 @@ class Limiter:
         if kept:
             self._keep(kept)
             if not self._closed:
-                self._wake_flusher(False)
+                self._wake_flusher()
 
     def add(self, plan: Plan, tokens: int, cost: int, urgent: bool) -> None:
         """Keep what a call spent; written by the key's next round trip or the flush thread."""
@@ -335,7 +335,7 @@ class Limiter:
         if self._closed:        # a call that ended after its limiter closed (a reloaded store)
             self.flush()
         elif new:               # the flusher learns of a new entry's time, or writes an urgent one now
-            self._wake_flusher(urgent)
+            self._wake_flusher()
 
     def _keep(self, kept: Kept) -> None:
         """Keep ``kept`` (taken off the list, its write failed) for the key's next write."""
@@ -346,7 +346,7 @@ class Limiter:
             else:
                 entry.merge(kept)
 
-    def _wake_flusher(self, urgent: bool) -> None:
+    def _wake_flusher(self) -> None:
         if self._thread is None:
             self._start()
         self._wake.set()
@@ -376,7 +376,7 @@ class Limiter:
             if old is not None:
                 self._drop(reserve.plan.key.id, old)
             self._reserves[reserve.plan.key.id] = reserve
-        self._wake_flusher(False)       # it hands the reserve back should it outlive its use
+        self._wake_flusher()       # it hands the reserve back should it outlive its use
 
     def _drop(self, key_id: str, reserve: Reserve) -> None:
         # Under the lock. What was not used goes back to its minute's count with the next write.
@@ -451,12 +451,10 @@ class Limiter:
         limit and, when there are any, those kept half as long (one write for them all)."""
         now = time.monotonic()
         with self._lock:
-            pending = self._pending
-            due = [key_id for key_id, kept in pending.items() if kept.urgent or now - kept.since >= self.interval]
-            if due:
-                due += [key_id for key_id, kept in pending.items()
-                        if key_id not in due and now - kept.since >= self.interval / 2]
-        return due
+            ages = {key_id: float('inf') if kept.urgent else now - kept.since for key_id, kept in self._pending.items()}
+        if not any(age >= self.interval for age in ages.values()):
+            return []
+        return [key_id for key_id, age in ages.items() if age >= self.interval / 2]
 
     def flush(self, keys: list[str] | None = None) -> bool:
         """Write kept spend and unused reserves in one round trip, every key's or those of ``keys``;
@@ -572,8 +570,7 @@ class Admission:
         return self.grant
 
     def headers(self) -> list[tuple[str, str]]:
-        grant = self.grant or self.admit()
-        return rate_headers(grant.plan, grant.requests, grant.tokens, grant.reset)
+        return (self.grant or self.admit()).headers()
 
     def settle(self, conn: Any, usage: dict) -> None:
         """Count what ``conn``'s call spent, ``usage`` (once): kept in the process, written by the next

@@ -119,9 +119,9 @@ class Session:
                 routes.count_refused(gw, key, e)
                 raise
             generate = body.pop('generate', True)
-            events, _ = routes.admitted(gw, key, 'responses', body, lambda adm: (dispatch.stream if generate else
-                                        dispatch.warm)(gw, responses.prepare(gw, key, body, adm, generate),
-                                                       jsontext.dumps))
+            answer = dispatch.stream if generate else dispatch.warm
+            events, _ = routes.admitted(gw, key, 'responses', body, lambda adm: answer(
+                gw, responses.prepare(gw, key, body, adm, generate), jsontext.dumps))
         except Exception as e:
             event = error_event(e, self.cid)
             ws.send_text(jsontext.dumps(event))
